@@ -1,0 +1,142 @@
+//! Throughput and checkpoint overhead of the runtime, measured end to end
+//! through the real `weir run` (worker processes, loopback TCP, checkpoints
+//! to local disk). Prints a table; configurations are interleaved round by
+//! round so that machine noise hits them alike, and medians are reported.
+//!
+//! Pipeline: generator (rate 0) → key_by key → running_count → blackhole.
+//!
+//! Usage: weir-bench [--events N] [--rounds R] [--weir PATH]
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+
+struct Config {
+    parallelism: u32,
+    interval: &'static str,
+}
+
+struct Sample {
+    wall_s: f64,
+    cpu_s: f64,
+    checkpoints: u64,
+}
+
+fn children_cpu_seconds() -> f64 {
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut u) };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    t(u.ru_utime) + t(u.ru_stime)
+}
+
+fn weir_binary(arg: Option<String>) -> Result<PathBuf> {
+    if let Some(p) = arg.or_else(|| std::env::var("WEIR_BIN").ok()) {
+        return Ok(PathBuf::from(p));
+    }
+    let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let p = target.join("release/weir");
+    if !p.exists() {
+        bail!("{} does not exist: build it with `cargo build --release -p weir-runtime` or pass --weir PATH", p.display());
+    }
+    Ok(p)
+}
+
+fn run_once(weir: &PathBuf, cfg: &Config, events: u64, batch: u32) -> Result<Sample> {
+    let dir = tempfile_dir()?;
+    let yaml = format!(
+        "name: bench\nparallelism: {}\ncheckpoint:\n  interval: {}\nsource:\n  generator:\n    events: {events}\n    keys: 1000\n    rate: 0\n    batch_size: {batch}\nsteps:\n  - key_by: key\n  - running_count: count\nsink:\n  blackhole: {{}}\n",
+        cfg.parallelism, cfg.interval
+    );
+    std::fs::write(dir.join("p.yaml"), yaml)?;
+    let cpu0 = children_cpu_seconds();
+    let t0 = Instant::now();
+    let out = Command::new(weir).current_dir(&dir).args(["run", "p.yaml", "--state-dir", "state"]).env("RUST_LOG", "warn").output().context("running weir")?;
+    let wall_s = t0.elapsed().as_secs_f64();
+    let cpu_s = children_cpu_seconds() - cpu0;
+    let _ = std::fs::remove_dir_all(&dir);
+    if !out.status.success() {
+        bail!("weir run failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).context("reading the run summary")?;
+    if summary["records_out"].as_u64() != Some(events) {
+        bail!("the run processed {} of {events} events", summary["records_out"]);
+    }
+    Ok(Sample { wall_s, cpu_s, checkpoints: summary["checkpoints"].as_u64().unwrap_or(0) })
+}
+
+fn tempfile_dir() -> Result<PathBuf> {
+    let p = std::env::temp_dir().join(format!("weir-bench-{}-{}", std::process::id(), rand_suffix()));
+    std::fs::create_dir_all(&p)?;
+    Ok(p)
+}
+
+fn rand_suffix() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() -> Result<()> {
+    let mut events: u64 = 20_000_000;
+    let mut rounds = 3;
+    let mut batch = 1024;
+    let mut weir = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--events" => events = args.next().context("--events N")?.parse()?,
+            "--rounds" => rounds = args.next().context("--rounds R")?.parse()?,
+            "--batch-size" => batch = args.next().context("--batch-size N")?.parse()?,
+            "--weir" => weir = args.next(),
+            "-h" | "--help" => {
+                println!("weir-bench: throughput of generator -> key_by -> running_count -> blackhole\n\nOptions:\n  --events N       events per run (default 20000000)\n  --rounds R       runs per configuration; medians are reported (default 3)\n  --batch-size N   generator batch size (default 1024)\n  --weir PATH      the weir binary (default: $CARGO_TARGET_DIR/release/weir)");
+                return Ok(());
+            }
+            other => bail!("unknown argument {other}; see --help"),
+        }
+    }
+    let weir = weir_binary(weir)?;
+    let configs = [
+        Config { parallelism: 1, interval: "0s" },
+        Config { parallelism: 1, interval: "1s" },
+        Config { parallelism: 2, interval: "0s" },
+        Config { parallelism: 2, interval: "1s" },
+    ];
+    let mut samples: Vec<Vec<Sample>> = configs.iter().map(|_| Vec::new()).collect();
+    for round in 0..rounds {
+        for (i, cfg) in configs.iter().enumerate() {
+            eprintln!("round {}/{rounds}: parallelism {} checkpoints {} ...", round + 1, cfg.parallelism, cfg.interval);
+            samples[i].push(run_once(&weir, cfg, events, batch)?);
+        }
+    }
+    println!("events per run: {events}, generator batch size: {batch}, rounds: {rounds}, cores: {}", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    println!("| parallelism | checkpoints | records/s (wall) | records per CPU-second | CPU cores used | checkpoints taken | throughput vs. off |");
+    println!("|---|---|---|---|---|---|---|");
+    let mut base = 0.0;
+    for (i, cfg) in configs.iter().enumerate() {
+        let rate = median(samples[i].iter().map(|s| events as f64 / s.wall_s).collect());
+        let per_cpu = median(samples[i].iter().map(|s| events as f64 / s.cpu_s).collect());
+        let cores = median(samples[i].iter().map(|s| s.cpu_s / s.wall_s).collect());
+        let ckpts = median(samples[i].iter().map(|s| s.checkpoints as f64).collect());
+        if cfg.interval == "0s" {
+            base = rate;
+        }
+        let vs = if cfg.interval == "0s" { "-".to_string() } else { format!("{:+.1}%", (rate / base - 1.0) * 100.0) };
+        println!(
+            "| {} | {} | {:.0} | {:.0} | {:.2} | {:.0} | {} |",
+            cfg.parallelism,
+            if cfg.interval == "0s" { "off" } else { "every 1s" },
+            rate,
+            per_cpu,
+            cores,
+            ckpts,
+            vs
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,14 @@
+//! The API that the operator and the runtime share.
+//!
+//! Today this is the pipeline format (`weir run PIPELINE.yaml` and, later, the
+//! `pipeline` field of a StreamJob). The crate deliberately knows nothing about
+//! how a pipeline is executed: it parses, checks what can be checked without an
+//! expression engine, and reports errors that name the file, the line and the
+//! field.
+
+pub mod pipeline;
+
+pub use pipeline::{
+    CheckpointMode, CheckpointSpec, FileSinkSpec, FileSourceSpec, GeneratorSpec, Guarantee,
+    PipelineError, PipelineSpec, SinkSpec, SourceSpec, Step, StepKind,
+};

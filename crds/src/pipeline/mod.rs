@@ -1,0 +1,252 @@
+//! The pipeline format: a source, a list of steps, a sink, parallelism and
+//! checkpoint settings, written in YAML.
+//!
+//! Parsing is strict: unknown fields are rejected, and every error names the
+//! file, the line and the field, and says what was expected. Checks that need
+//! an expression engine (does `value % 2 = 0` type-check?) belong to the
+//! runtime's planner, which reports them through [`PipelineError::Invalid`]
+//! with the same location information.
+
+mod duration;
+mod locate;
+mod sink;
+pub mod source;
+mod step;
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+pub use duration::HumanDuration;
+pub use sink::{FileFormat, FileSinkSpec, Guarantee, SinkSpec};
+pub use source::{FieldType, FileSourceSpec, GeneratorSpec, SourceSpec};
+pub use step::{AggregateSpec, Step, StepKind};
+
+/// Keyed state is split into this many key groups unless the pipeline says
+/// otherwise. It bounds the parallelism a job can ever be rescaled to, and it
+/// is fixed for the life of a job (it decides which key lives in which group).
+pub const DEFAULT_MAX_PARALLELISM: u32 = 128;
+
+/// The whole pipeline, as written by the user.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineSpec {
+    /// The job's name: it names the job's directory in checkpoint storage.
+    pub name: String,
+    /// How many subtasks run each step.
+    #[serde(default = "default_parallelism")]
+    pub parallelism: u32,
+    /// Number of key groups; the upper bound for `parallelism`, fixed for the life of the job.
+    #[serde(default = "default_max_parallelism")]
+    pub max_parallelism: u32,
+    #[serde(default)]
+    pub checkpoint: CheckpointSpec,
+    #[serde(with = "serde_yaml::with::singleton_map")]
+    #[schemars(with = "SourceSpec")]
+    pub source: SourceSpec,
+    #[serde(default)]
+    pub steps: Vec<Step>,
+    #[serde(with = "serde_yaml::with::singleton_map")]
+    #[schemars(with = "SinkSpec")]
+    pub sink: SinkSpec,
+}
+
+fn default_parallelism() -> u32 {
+    1
+}
+
+fn default_max_parallelism() -> u32 {
+    DEFAULT_MAX_PARALLELISM
+}
+
+/// How and how often checkpoints are taken.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointSpec {
+    /// Time between the start of two checkpoints, e.g. `500ms`, `10s`. `0s` turns periodic checkpoints off.
+    #[serde(default = "default_interval")]
+    pub interval: HumanDuration,
+    #[serde(default)]
+    pub mode: CheckpointMode,
+    /// A checkpoint not complete after this long is abandoned; the job goes on.
+    #[serde(default = "default_checkpoint_timeout")]
+    pub timeout: HumanDuration,
+    /// How many completed checkpoints are kept; older ones are deleted.
+    #[serde(default = "default_retain")]
+    pub retain: u32,
+}
+
+impl Default for CheckpointSpec {
+    fn default() -> Self {
+        CheckpointSpec {
+            interval: default_interval(),
+            mode: CheckpointMode::default(),
+            timeout: default_checkpoint_timeout(),
+            retain: default_retain(),
+        }
+    }
+}
+
+fn default_interval() -> HumanDuration {
+    HumanDuration::from_millis(1000)
+}
+
+fn default_checkpoint_timeout() -> HumanDuration {
+    HumanDuration::from_millis(60_000)
+}
+
+fn default_retain() -> u32 {
+    3
+}
+
+/// Barrier handling on subtasks with several inputs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum CheckpointMode {
+    /// Inputs that delivered barrier n are blocked until every input has.
+    #[default]
+    Aligned,
+}
+
+/// What went wrong with a pipeline file.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error("cannot read pipeline file {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The YAML does not have the pipeline's shape: serde_yaml's message names the field and the line.
+    #[error("{file}: {message}")]
+    Syntax { file: String, message: String },
+    /// The YAML has the right shape but a value does not make sense.
+    #[error("{file}{}: {field}: {message}", line.map(|l| format!(":{l}")).unwrap_or_default())]
+    Invalid {
+        file: String,
+        line: Option<usize>,
+        field: String,
+        message: String,
+    },
+}
+
+/// A pipeline together with where it came from, so that later checks (the
+/// runtime's planner) can point at the right line.
+#[derive(Debug, Clone)]
+pub struct PipelineSource {
+    pub file: String,
+    pub text: String,
+}
+
+impl PipelineSource {
+    /// Builds an error about `field` (a path such as `steps[2].filter`), with
+    /// the line the field is on when it can be found.
+    pub fn invalid(&self, field: &str, message: impl Into<String>) -> PipelineError {
+        PipelineError::Invalid {
+            file: self.file.clone(),
+            line: locate::line_of(&self.text, field),
+            field: field.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+impl PipelineSpec {
+    /// Reads and checks a pipeline file.
+    pub fn from_file(path: &Path) -> Result<(PipelineSpec, PipelineSource), PipelineError> {
+        let text = std::fs::read_to_string(path).map_err(|source| PipelineError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let src = PipelineSource {
+            file: path.display().to_string(),
+            text,
+        };
+        let spec = Self::from_source(&src)?;
+        Ok((spec, src))
+    }
+
+    /// Parses and checks pipeline text; `src.file` is only used in messages.
+    pub fn from_source(src: &PipelineSource) -> Result<PipelineSpec, PipelineError> {
+        let spec: PipelineSpec =
+            serde_yaml::from_str(&src.text).map_err(|e| PipelineError::Syntax {
+                file: src.file.clone(),
+                message: e.to_string(),
+            })?;
+        spec.validate(src)?;
+        Ok(spec)
+    }
+
+    /// Parses pipeline text that has no file (e.g. the `pipeline` field of a StreamJob).
+    pub fn from_yaml(name_for_errors: &str, text: &str) -> Result<PipelineSpec, PipelineError> {
+        Self::from_source(&PipelineSource {
+            file: name_for_errors.to_string(),
+            text: text.to_string(),
+        })
+    }
+
+    /// Checks that need more than one field, or the meaning of a value.
+    pub fn validate(&self, src: &PipelineSource) -> Result<(), PipelineError> {
+        if self.name.is_empty()
+            || !self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(src.invalid(
+                "name",
+                format!(
+                    "`{}` is not a valid job name: expected letters, digits, `-` or `_`",
+                    self.name
+                ),
+            ));
+        }
+        if self.parallelism == 0 {
+            return Err(src.invalid("parallelism", "expected an integer of at least 1, got 0"));
+        }
+        if self.max_parallelism == 0 || self.max_parallelism > 32768 {
+            return Err(src.invalid(
+                "max_parallelism",
+                format!(
+                    "expected an integer from 1 to 32768, got {}",
+                    self.max_parallelism
+                ),
+            ));
+        }
+        if self.parallelism > self.max_parallelism {
+            return Err(src.invalid(
+                "parallelism",
+                format!(
+                    "parallelism {} is above max_parallelism {}: expected at most {}",
+                    self.parallelism, self.max_parallelism, self.max_parallelism
+                ),
+            ));
+        }
+        if self.checkpoint.retain == 0 {
+            return Err(src.invalid(
+                "checkpoint.retain",
+                "expected at least 1 (the latest completed checkpoint is always kept)",
+            ));
+        }
+        if self.checkpoint.timeout.is_zero() {
+            return Err(src.invalid("checkpoint.timeout", "expected a duration above 0"));
+        }
+        self.source.validate(src)?;
+        self.sink.validate(src)?;
+        step::validate_steps(&self.steps, src)?;
+        Ok(())
+    }
+
+    /// The weakest guarantee of source and sink: what the job can promise.
+    pub fn guarantee(&self) -> Guarantee {
+        let source = if self.source.replayable() {
+            Guarantee::ExactlyOnce
+        } else {
+            Guarantee::AtMostOnce
+        };
+        source.min(self.sink.guarantee())
+    }
+}
+
+#[cfg(test)]
+mod tests;

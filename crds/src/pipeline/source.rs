@@ -1,0 +1,151 @@
+//! Where records come from.
+
+use std::fmt;
+
+use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
+
+use super::{PipelineError, PipelineSource};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum SourceSpec {
+    /// Deterministic events: event i has seq = i, key = i % keys, value = i.
+    Generator(GeneratorSpec),
+    /// JSON lines from a file or from every file of a directory.
+    File(FileSourceSpec),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GeneratorSpec {
+    /// How many events in total; without it the source never ends.
+    #[serde(default)]
+    pub events: Option<u64>,
+    /// Number of distinct keys.
+    #[serde(default = "default_keys")]
+    pub keys: u64,
+    /// Events per second over all subtasks; 0 means as fast as possible.
+    #[serde(default)]
+    pub rate: u64,
+    /// Events per record batch.
+    #[serde(default = "default_batch_size")]
+    pub batch_size: u32,
+}
+
+fn default_keys() -> u64 {
+    1000
+}
+
+fn default_batch_size() -> u32 {
+    1024
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FileSourceSpec {
+    /// A file of JSON lines, or a directory whose files (in name order) are read.
+    pub path: String,
+    /// The fields of each line, in order, with their types.
+    pub schema: Schema,
+    /// Lines per record batch.
+    #[serde(default = "default_batch_size")]
+    pub batch_size: u32,
+}
+
+/// Field names and types, in the order written.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Schema(pub Vec<(String, FieldType)>);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FieldType {
+    Int64,
+    Float64,
+    String,
+    Boolean,
+}
+
+impl SourceSpec {
+    /// Whether the source can re-read records from a position kept in a checkpoint.
+    pub fn replayable(&self) -> bool {
+        match self {
+            SourceSpec::Generator(_) | SourceSpec::File(_) => true,
+        }
+    }
+
+    pub(super) fn validate(&self, src: &PipelineSource) -> Result<(), PipelineError> {
+        match self {
+            SourceSpec::Generator(g) => {
+                if g.keys == 0 {
+                    return Err(src.invalid("source.generator.keys", "expected at least 1"));
+                }
+                if g.batch_size == 0 {
+                    return Err(src.invalid("source.generator.batch_size", "expected at least 1"));
+                }
+            }
+            SourceSpec::File(f) => {
+                if f.path.is_empty() {
+                    return Err(src.invalid("source.file.path", "expected a file or directory path"));
+                }
+                if f.schema.0.is_empty() {
+                    return Err(src.invalid(
+                        "source.file.schema",
+                        "expected at least one field, e.g. `schema: {id: int64, name: string}`",
+                    ));
+                }
+                if f.batch_size == 0 {
+                    return Err(src.invalid("source.file.batch_size", "expected at least 1"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Serialize for Schema {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            m.serialize_entry(k, v)?;
+        }
+        m.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Schema {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> de::Visitor<'de> for V {
+            type Value = Schema;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a map from field name to type (int64, float64, string, boolean)")
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Schema, A::Error> {
+                let mut fields: Vec<(String, FieldType)> = Vec::new();
+                while let Some(name) = map.next_key::<String>()? {
+                    if fields.iter().any(|(n, _)| *n == name) {
+                        return Err(de::Error::custom(format!("field `{name}` is listed twice")));
+                    }
+                    let ty = map.next_value::<FieldType>()?;
+                    fields.push((name, ty));
+                }
+                Ok(Schema(fields))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+impl schemars::JsonSchema for Schema {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Schema".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "object",
+            "additionalProperties": { "type": "string", "enum": ["int64", "float64", "string", "boolean"] }
+        })
+    }
+}

@@ -1,0 +1,220 @@
+//! Steps between the source and the sink.
+//!
+//! A step is written as a one-entry map whose key is the kind of step
+//! (`- filter: "value > 10"`), optionally with an `id` beside it that keeps the
+//! step's state matched across pipeline changes (`- running_count: n` /
+//! `  id: counts`).
+
+use std::fmt;
+
+use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
+
+use super::{PipelineError, PipelineSource};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    /// Stable id matching this step's state in checkpoints and savepoints.
+    pub id: Option<String>,
+    pub kind: StepKind,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepKind {
+    /// Partition the stream by these fields; following aggregates are per key.
+    KeyBy(Vec<String>),
+    /// Keep the records for which the SQL expression is true.
+    Filter(String),
+    /// Replace each record by these SQL expressions (`expr` or `expr AS name`).
+    Select(Vec<String>),
+    /// Add a field (named by the value) counting the records of this key so far.
+    RunningCount(String),
+    RunningSum(AggregateSpec),
+    RunningMin(AggregateSpec),
+    RunningMax(AggregateSpec),
+}
+
+/// A running aggregate of one field: `{field: value, as: total}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AggregateSpec {
+    pub field: String,
+    #[serde(rename = "as", default)]
+    pub output: Option<String>,
+}
+
+const KINDS: &[&str] = &[
+    "key_by",
+    "filter",
+    "select",
+    "running_count",
+    "running_sum",
+    "running_min",
+    "running_max",
+];
+
+impl StepKind {
+    /// The name the step is written with.
+    pub fn name(&self) -> &'static str {
+        match self {
+            StepKind::KeyBy(_) => "key_by",
+            StepKind::Filter(_) => "filter",
+            StepKind::Select(_) => "select",
+            StepKind::RunningCount(_) => "running_count",
+            StepKind::RunningSum(_) => "running_sum",
+            StepKind::RunningMin(_) => "running_min",
+            StepKind::RunningMax(_) => "running_max",
+        }
+    }
+
+    pub fn is_keyed_aggregate(&self) -> bool {
+        matches!(
+            self,
+            StepKind::RunningCount(_)
+                | StepKind::RunningSum(_)
+                | StepKind::RunningMin(_)
+                | StepKind::RunningMax(_)
+        )
+    }
+}
+
+impl Step {
+    /// The step's id, or `<kind>-<index>` when none is written.
+    pub fn id_or_default(&self, index: usize) -> String {
+        self.id
+            .clone()
+            .unwrap_or_else(|| format!("{}-{index}", self.kind.name()))
+    }
+}
+
+pub(super) fn validate_steps(steps: &[Step], src: &PipelineSource) -> Result<(), PipelineError> {
+    let mut keyed = false;
+    let mut ids = std::collections::HashSet::new();
+    for (i, step) in steps.iter().enumerate() {
+        let field = format!("steps[{i}].{}", step.kind.name());
+        let id = step.id_or_default(i);
+        if !ids.insert(id.clone()) {
+            return Err(src.invalid(&format!("steps[{i}].id"), format!("id `{id}` is used by two steps: expected unique ids")));
+        }
+        match &step.kind {
+            StepKind::KeyBy(fields) => {
+                if fields.is_empty() || fields.iter().any(|f| f.is_empty()) {
+                    return Err(src.invalid(&field, "expected a field name or a list of field names"));
+                }
+                keyed = true;
+            }
+            StepKind::Filter(e) if e.trim().is_empty() => {
+                return Err(src.invalid(&field, "expected a SQL expression, e.g. `value % 2 = 0`"));
+            }
+            StepKind::Select(items) if items.is_empty() => {
+                return Err(src.invalid(&field, "expected a list of SQL expressions, e.g. [\"key\", \"value * 2 AS double\"]"));
+            }
+            StepKind::RunningCount(out) if out.is_empty() => {
+                return Err(src.invalid(&field, "expected the name of the field to add, e.g. `running_count: count`"));
+            }
+            kind if kind.is_keyed_aggregate() && !keyed => {
+                return Err(src.invalid(
+                    &field,
+                    format!("{} keeps state per key: expected a `key_by` step before it", kind.name()),
+                ));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// `key_by: key` or `key_by: [a, b]`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl<'de> Deserialize<'de> for Step {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> de::Visitor<'de> for V {
+            type Value = Step;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                write!(f, "a step: a map with one of the keys {}", KINDS.join(", "))
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Step, A::Error> {
+                let mut id = None;
+                let mut kind: Option<StepKind> = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    let parsed = match key.as_str() {
+                        "id" => {
+                            id = Some(map.next_value::<String>()?);
+                            continue;
+                        }
+                        "key_by" => StepKind::KeyBy(match map.next_value::<OneOrMany>()? {
+                            OneOrMany::One(f) => vec![f],
+                            OneOrMany::Many(fs) => fs,
+                        }),
+                        "filter" => StepKind::Filter(map.next_value()?),
+                        "select" => StepKind::Select(map.next_value()?),
+                        "running_count" => StepKind::RunningCount(map.next_value()?),
+                        "running_sum" => StepKind::RunningSum(map.next_value()?),
+                        "running_min" => StepKind::RunningMin(map.next_value()?),
+                        "running_max" => StepKind::RunningMax(map.next_value()?),
+                        other => {
+                            return Err(de::Error::custom(format!(
+                                "unknown step `{other}`, expected one of {}",
+                                KINDS.join(", ")
+                            )))
+                        }
+                    };
+                    if let Some(prev) = &kind {
+                        return Err(de::Error::custom(format!(
+                            "a step has both `{}` and `{}`: write each step as its own list item",
+                            prev.name(),
+                            parsed.name()
+                        )));
+                    }
+                    kind = Some(parsed);
+                }
+                let kind = kind.ok_or_else(|| {
+                    de::Error::custom(format!("a step needs one of {}", KINDS.join(", ")))
+                })?;
+                Ok(Step { id, kind })
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+impl Serialize for Step {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(None)?;
+        if let Some(id) = &self.id {
+            m.serialize_entry("id", id)?;
+        }
+        match &self.kind {
+            StepKind::KeyBy(f) => m.serialize_entry("key_by", f)?,
+            StepKind::Filter(e) => m.serialize_entry("filter", e)?,
+            StepKind::Select(e) => m.serialize_entry("select", e)?,
+            StepKind::RunningCount(o) => m.serialize_entry("running_count", o)?,
+            StepKind::RunningSum(a) => m.serialize_entry("running_sum", a)?,
+            StepKind::RunningMin(a) => m.serialize_entry("running_min", a)?,
+            StepKind::RunningMax(a) => m.serialize_entry("running_max", a)?,
+        }
+        m.end()
+    }
+}
+
+impl schemars::JsonSchema for Step {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Step".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "object",
+            "description": "One step: a map with one of the keys key_by, filter, select, running_count, running_sum, running_min, running_max, and an optional id",
+            "minProperties": 1,
+            "maxProperties": 2
+        })
+    }
+}

@@ -1,0 +1,105 @@
+use super::*;
+
+fn parse(text: &str) -> Result<PipelineSpec, PipelineError> {
+    PipelineSpec::from_yaml("test.yaml", text)
+}
+
+const MINIMAL: &str = "name: t\nsource:\n  generator:\n    events: 10\nsink:\n  blackhole: {}\n";
+
+#[test]
+fn the_checked_in_example_parses_with_every_field_as_written() {
+    let text = include_str!("../../../examples/exactly-once.yaml");
+    let spec = parse(text).unwrap();
+    assert_eq!(spec.name, "exactly-once");
+    assert_eq!(spec.parallelism, 4);
+    assert_eq!(spec.checkpoint.interval.get().as_millis(), 500);
+    let SourceSpec::Generator(g) = &spec.source else { panic!("not a generator") };
+    assert_eq!((g.events, g.keys, g.rate), (Some(1_000_000), 1000, 200_000));
+    assert_eq!(spec.steps[0].kind, StepKind::KeyBy(vec!["key".into()]));
+    assert_eq!(spec.steps[1].kind, StepKind::RunningCount("count".into()));
+    assert_eq!(spec.guarantee(), Guarantee::ExactlyOnce);
+}
+
+#[test]
+fn defaults_fill_what_is_not_written() {
+    let spec = parse(MINIMAL).unwrap();
+    assert_eq!(spec.parallelism, 1);
+    assert_eq!(spec.max_parallelism, DEFAULT_MAX_PARALLELISM);
+    assert_eq!(spec.checkpoint.retain, 3);
+}
+
+#[test]
+fn parallelism_zero_is_rejected_with_its_line() {
+    let err = parse("name: t\nparallelism: 0\nsource:\n  generator: {}\nsink:\n  blackhole: {}\n").unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("test.yaml:2: parallelism"), "{msg}");
+    assert!(msg.contains("at least 1"), "{msg}");
+}
+
+#[test]
+fn parallelism_above_max_parallelism_is_rejected() {
+    let err = parse("name: t\nparallelism: 9\nmax_parallelism: 8\nsource:\n  generator: {}\nsink:\n  blackhole: {}\n").unwrap_err();
+    assert!(err.to_string().contains("above max_parallelism 8"), "{err}");
+}
+
+#[test]
+fn an_unknown_step_names_the_step_the_line_and_the_known_steps() {
+    let err = parse("name: t\nsource:\n  generator: {}\nsteps:\n  - key_by: key\n  - explode: x\nsink:\n  blackhole: {}\n").unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("unknown step `explode`"), "{msg}");
+    assert!(msg.contains("line 6"), "{msg}");
+    assert!(msg.contains("running_count"), "{msg}");
+}
+
+#[test]
+fn unknown_fields_are_rejected_not_ignored() {
+    let err = parse("name: t\nparalelism: 2\nsource:\n  generator: {}\nsink:\n  blackhole: {}\n").unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("unknown field `paralelism`"), "{msg}");
+    let err = parse("name: t\nsource:\n  generator: {evnts: 3}\nsink:\n  blackhole: {}\n").unwrap_err();
+    assert!(err.to_string().contains("unknown field `evnts`"), "{err}");
+}
+
+#[test]
+fn malformed_yaml_is_a_syntax_error_with_a_line() {
+    let err = parse("name: t\nsource: [\n").unwrap_err();
+    assert!(matches!(err, PipelineError::Syntax { .. }), "{err}");
+    assert!(err.to_string().contains("line"), "{err}");
+}
+
+#[test]
+fn a_running_aggregate_without_key_by_is_rejected() {
+    let err = parse("name: t\nsource:\n  generator: {}\nsteps:\n  - running_count: n\nsink:\n  blackhole: {}\n").unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("steps[0].running_count"), "{msg}");
+    assert!(msg.contains("key_by"), "{msg}");
+    assert!(msg.contains(":5:"), "{msg}");
+}
+
+#[test]
+fn a_bad_duration_names_the_field() {
+    let err = parse("name: t\ncheckpoint:\n  interval: 5 parsecs\nsource:\n  generator: {}\nsink:\n  blackhole: {}\n").unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("checkpoint.interval") && msg.contains("unknown unit"), "{msg}");
+}
+
+#[test]
+fn unaligned_mode_is_not_accepted_silently() {
+    let err = parse("name: t\ncheckpoint:\n  mode: unaligned\nsource:\n  generator: {}\nsink:\n  blackhole: {}\n").unwrap_err();
+    assert!(err.to_string().contains("unknown variant `unaligned`"), "{err}");
+}
+
+#[test]
+fn stdout_sink_lowers_the_job_guarantee_to_at_least_once() {
+    let spec = parse("name: t\nsource:\n  generator: {}\nsink:\n  stdout: {}\n").unwrap();
+    assert_eq!(spec.guarantee(), Guarantee::AtLeastOnce);
+}
+
+#[test]
+fn steps_round_trip_through_yaml_with_their_ids() {
+    let text = "name: t\nsource:\n  file:\n    path: in.jsonl\n    schema: {a: int64, b: string}\nsteps:\n  - filter: a > 1\n  - key_by: [a, b]\n  - running_sum: {field: a, as: total}\n    id: sums\nsink:\n  blackhole: {}\n";
+    let spec = parse(text).unwrap();
+    assert_eq!(spec.steps[2].id.as_deref(), Some("sums"));
+    let again = parse(&serde_yaml::to_string(&spec).unwrap()).unwrap();
+    assert_eq!(spec, again);
+}

@@ -1,0 +1,391 @@
+//! The checkpoint coordinator: one per job run, hosted by worker 0.
+//!
+//! It injects barrier n into every source subtask (through the workers),
+//! collects one acknowledgement per subtask, and completes the checkpoint by
+//! writing its metadata last and moving the latest pointer; only then does it
+//! tell the workers, whose sinks commit. A checkpoint that is declined or not
+//! complete within the timeout is abandoned and the job goes on; the next one
+//! gets a new id. Savepoints are checkpoints that are kept, and that sinks do
+//! not commit on (their output is committed by the next checkpoint). When
+//! every source has ended, a final checkpoint is taken; once it is committed
+//! the workers are told to shut down and the job has finished.
+//!
+//! The coordinator holds no job data: losing it fails the run, and the run is
+//! restored from the latest completed checkpoint like any other failure.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot};
+
+use super::metadata::{CheckpointMetadata, SnapshotKind, SubtaskAck};
+use super::storage::CheckpointStorage;
+use crate::control::{ApiRequest, CheckpointStatus, SharedStatus};
+use crate::error::{Error, Result};
+use crate::exchange::Barrier;
+use crate::worker::protocol::{framed, recv, ToCoordinator, ToWorker};
+
+/// The status of the last run that finished, in the job's storage root.
+pub const FINAL_STATUS: &str = "finished.json";
+
+pub struct CoordinatorConfig {
+    pub job: String,
+    pub run_id: String,
+    pub parallelism: u32,
+    pub max_parallelism: u32,
+    pub stages: usize,
+    pub workers: usize,
+    /// Zero: no periodic checkpoints (savepoints and the final checkpoint still happen).
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub retain: usize,
+    pub storage: CheckpointStorage,
+}
+
+enum Event {
+    Connected { worker: u32, tx: mpsc::UnboundedSender<ToWorker> },
+    Message { worker: u32, msg: ToCoordinator },
+    Lost { worker: u32, reason: String },
+}
+
+struct Pending {
+    id: u64,
+    kind: SnapshotKind,
+    is_final: bool,
+    dir: String,
+    started: Instant,
+    acks: HashMap<(usize, u32), SubtaskAck>,
+    waiter: Option<oneshot::Sender<Result<CheckpointStatus, String>>>,
+}
+
+struct Coordinator {
+    cfg: CoordinatorConfig,
+    status: SharedStatus,
+    workers: HashMap<u32, mpsc::UnboundedSender<ToWorker>>,
+    ready: BTreeSet<u32>,
+    finished_workers: BTreeSet<u32>,
+    started: bool,
+    next_id: u64,
+    pending: Option<Pending>,
+    last_trigger: Instant,
+    sources_finished: BTreeSet<u32>,
+    final_completed: bool,
+    final_failed: bool,
+    savepoint_queue: Vec<oneshot::Sender<Result<CheckpointStatus, String>>>,
+    metrics: HashMap<u32, (u64, u64)>,
+}
+
+/// Runs the coordinator until the job finishes (Ok) or a worker is lost (Err).
+pub async fn run(cfg: CoordinatorConfig, listener: TcpListener, mut api: mpsc::Receiver<ApiRequest>, status: SharedStatus) -> Result<()> {
+    let next_id = cfg.storage.next_id().await?;
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let run_id = cfg.run_id.clone();
+    tokio::spawn(accept_workers(listener, run_id, events_tx));
+    let mut c = Coordinator {
+        cfg,
+        status,
+        workers: HashMap::new(),
+        ready: BTreeSet::new(),
+        finished_workers: BTreeSet::new(),
+        started: false,
+        next_id,
+        pending: None,
+        last_trigger: Instant::now(),
+        sources_finished: BTreeSet::new(),
+        final_completed: false,
+        final_failed: false,
+        savepoint_queue: Vec::new(),
+        metrics: HashMap::new(),
+    };
+    c.set_phase("starting");
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            ev = events.recv() => {
+                let Some(ev) = ev else { return Err(Error::Job("coordinator: control listener stopped".into())) };
+                if c.handle(ev).await? {
+                    return Ok(());
+                }
+            }
+            req = api.recv() => {
+                if let Some(ApiRequest::Savepoint(tx)) = req {
+                    if c.final_completed {
+                        let _ = tx.send(Err("the job has finished; no savepoint can be taken".into()));
+                    } else {
+                        c.savepoint_queue.push(tx);
+                    }
+                }
+            }
+            _ = tick.tick() => c.on_tick().await,
+        }
+        if c.final_failed {
+            return Err(Error::Job("the final checkpoint failed; the job is restored from its latest completed checkpoint".into()));
+        }
+    }
+}
+
+async fn accept_workers(listener: TcpListener, run_id: String, events: mpsc::UnboundedSender<Event>) {
+    loop {
+        let Ok((stream, peer)) = listener.accept().await else { continue };
+        let events = events.clone();
+        let run_id = run_id.clone();
+        tokio::spawn(async move {
+            let peer = peer.to_string();
+            let mut conn = framed(stream);
+            let worker = match recv::<ToCoordinator>(&mut conn, &peer).await {
+                Ok(Some(ToCoordinator::Hello { worker, run_id: r })) if r == run_id => worker,
+                Ok(Some(ToCoordinator::Hello { .. })) => {
+                    tracing::warn!(%peer, "ignoring a worker of another run of this job");
+                    return;
+                }
+                _ => return,
+            };
+            let (tx, mut rx) = mpsc::unbounded_channel::<ToWorker>();
+            let _ = events.send(Event::Connected { worker, tx });
+            use futures::StreamExt;
+            let (mut sink, mut stream) = conn.split::<bytes::Bytes>();
+            let writer_peer = peer.clone();
+            tokio::spawn(async move {
+                use futures::SinkExt;
+                while let Some(msg) = rx.recv().await {
+                    let Ok(bytes) = serde_json::to_vec(&msg) else { continue };
+                    if sink.send(bytes::Bytes::from(bytes)).await.is_err() {
+                        tracing::debug!(peer = %writer_peer, "control connection closed");
+                        break;
+                    }
+                }
+            });
+            loop {
+                let msg = match stream.next().await {
+                    Some(Ok(frame)) => match serde_json::from_slice::<ToCoordinator>(&frame) {
+                        Ok(m) => m,
+                        Err(e) => {
+                            let _ = events.send(Event::Lost { worker, reason: format!("bad control message: {e}") });
+                            return;
+                        }
+                    },
+                    Some(Err(e)) => {
+                        let _ = events.send(Event::Lost { worker, reason: e.to_string() });
+                        return;
+                    }
+                    None => {
+                        let _ = events.send(Event::Lost { worker, reason: "connection closed".into() });
+                        return;
+                    }
+                };
+                if events.send(Event::Message { worker, msg }).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+impl Coordinator {
+    fn set_phase(&self, phase: &str) {
+        if let Ok(mut s) = self.status.lock() {
+            s.phase = phase.into();
+        }
+    }
+
+    fn broadcast(&self, msg: ToWorker) {
+        for tx in self.workers.values() {
+            let _ = tx.send(msg.clone());
+        }
+    }
+
+    fn subtask_count(&self) -> usize {
+        self.cfg.stages * self.cfg.parallelism as usize
+    }
+
+    /// Returns true when the job has finished.
+    async fn handle(&mut self, ev: Event) -> Result<bool> {
+        match ev {
+            Event::Connected { worker, tx } => {
+                self.workers.insert(worker, tx);
+            }
+            Event::Lost { worker, reason } => {
+                if self.final_completed && self.finished_workers.contains(&worker) {
+                    return Ok(false);
+                }
+                return Err(Error::Job(format!("worker {worker} was lost ({reason})")));
+            }
+            Event::Message { worker, msg } => match msg {
+                ToCoordinator::Hello { .. } => {}
+                ToCoordinator::Ready => {
+                    self.ready.insert(worker);
+                    if !self.started && self.ready.len() == self.cfg.workers {
+                        self.started = true;
+                        self.last_trigger = Instant::now();
+                        self.broadcast(ToWorker::Start);
+                        self.set_phase("running");
+                        tracing::info!(workers = self.cfg.workers, "all workers ready; job running");
+                    }
+                }
+                ToCoordinator::Ack { checkpoint_id, ack } => {
+                    let complete = match &mut self.pending {
+                        Some(p) if p.id == checkpoint_id => {
+                            p.acks.insert((ack.stage, ack.subtask), ack);
+                            p.acks.len() == self.subtask_count()
+                        }
+                        _ => false,
+                    };
+                    if complete {
+                        self.complete_pending().await;
+                    }
+                }
+                ToCoordinator::Decline { checkpoint_id, reason } => {
+                    if self.pending.as_ref().map(|p| p.id) == Some(checkpoint_id) {
+                        self.abort_pending(format!("declined by worker {worker}: {reason}")).await;
+                    }
+                }
+                ToCoordinator::SourceFinished { subtask } => {
+                    self.sources_finished.insert(subtask);
+                }
+                ToCoordinator::Metrics { records_in, records_out } => {
+                    self.metrics.insert(worker, (records_in, records_out));
+                    let (i, o) = self.metrics.values().fold((0, 0), |(a, b), (x, y)| (a + x, b + y));
+                    if let Ok(mut s) = self.status.lock() {
+                        s.records_in = i;
+                        s.records_out = o;
+                    }
+                }
+                ToCoordinator::Finished => {
+                    self.finished_workers.insert(worker);
+                    if self.final_completed && self.finished_workers.len() == self.cfg.workers {
+                        self.set_phase("finished");
+                        // The final status outlives the run: `weir run` and
+                        // `weir status` read it after the processes are gone.
+                        let final_status = self.status.lock().map(|s| s.clone()).unwrap_or_default();
+                        if let Ok(bytes) = serde_json::to_vec_pretty(&final_status) {
+                            if let Err(e) = self.cfg.storage.job_root.put(FINAL_STATUS, bytes).await {
+                                tracing::warn!(error = %e, "could not write the final status");
+                            }
+                        }
+                        self.broadcast(ToWorker::Shutdown);
+                        return Ok(true);
+                    }
+                }
+            },
+        }
+        Ok(false)
+    }
+
+    async fn on_tick(&mut self) {
+        if !self.started || self.final_completed {
+            return;
+        }
+        if let Some(p) = &self.pending {
+            if p.started.elapsed() > self.cfg.timeout {
+                let msg = format!("not complete after {:?}", self.cfg.timeout);
+                self.abort_pending(msg).await;
+            }
+            return;
+        }
+        if !self.savepoint_queue.is_empty() {
+            let waiter = self.savepoint_queue.remove(0);
+            self.trigger(SnapshotKind::Savepoint, false, Some(waiter));
+        } else if self.sources_finished.len() == self.cfg.parallelism as usize {
+            self.trigger(SnapshotKind::Checkpoint, true, None);
+        } else if !self.cfg.interval.is_zero() && self.last_trigger.elapsed() >= self.cfg.interval {
+            self.trigger(SnapshotKind::Checkpoint, false, None);
+        }
+    }
+
+    fn trigger(&mut self, kind: SnapshotKind, is_final: bool, waiter: Option<oneshot::Sender<Result<CheckpointStatus, String>>>) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let dir = match kind {
+            SnapshotKind::Checkpoint => CheckpointStorage::checkpoint_dir(id),
+            SnapshotKind::Savepoint => CheckpointStorage::savepoint_dir(id),
+        };
+        tracing::debug!(id, ?kind, is_final, "triggering checkpoint");
+        self.broadcast(ToWorker::Trigger(Barrier { checkpoint_id: id, savepoint: kind == SnapshotKind::Savepoint, is_final, dir: dir.clone() }));
+        self.last_trigger = Instant::now();
+        if let Ok(mut s) = self.status.lock() {
+            s.checkpoint_in_progress = Some(id);
+        }
+        if is_final {
+            self.set_phase("finishing");
+        }
+        self.pending = Some(Pending { id, kind, is_final, dir, started: Instant::now(), acks: HashMap::new(), waiter });
+    }
+
+    async fn complete_pending(&mut self) {
+        let Some(mut p) = self.pending.take() else { return };
+        let mut meta = CheckpointMetadata::new(&self.cfg.job, p.id, p.kind, self.cfg.parallelism, self.cfg.max_parallelism, p.is_final);
+        for (_, ack) in p.acks.drain() {
+            meta.add(ack);
+        }
+        match self.cfg.storage.complete(&p.dir, &meta).await {
+            Ok(location) => {
+                let st = CheckpointStatus {
+                    id: p.id,
+                    location: location.display,
+                    completed_unix_ms: meta.created_unix_ms,
+                    duration_ms: p.started.elapsed().as_millis() as u64,
+                };
+                tracing::info!(id = p.id, kind = ?p.kind, duration_ms = st.duration_ms, location = %st.location, "checkpoint complete");
+                if let Ok(mut s) = self.status.lock() {
+                    s.checkpoint_in_progress = None;
+                    match p.kind {
+                        SnapshotKind::Checkpoint => {
+                            s.latest_checkpoint = Some(st.clone());
+                            s.checkpoints_completed += 1;
+                        }
+                        SnapshotKind::Savepoint => s.last_savepoint = Some(st.clone()),
+                    }
+                }
+                if p.kind == SnapshotKind::Checkpoint {
+                    self.broadcast(ToWorker::Complete { checkpoint_id: p.id });
+                    let storage = self.cfg.storage.clone();
+                    let retain = self.cfg.retain;
+                    tokio::spawn(async move {
+                        if let Err(e) = storage.apply_retention(retain).await {
+                            tracing::warn!(error = %e, "could not delete old checkpoints");
+                        }
+                    });
+                }
+                if p.is_final {
+                    self.final_completed = true;
+                    for w in self.savepoint_queue.drain(..) {
+                        let _ = w.send(Err("the job finished before the savepoint could be taken".into()));
+                    }
+                }
+                if let Some(w) = p.waiter.take() {
+                    let _ = w.send(Ok(st));
+                }
+            }
+            Err(e) => {
+                self.pending = Some(p);
+                self.abort_pending(format!("writing its metadata failed: {e}")).await;
+            }
+        }
+    }
+
+    async fn abort_pending(&mut self, reason: String) {
+        let Some(mut p) = self.pending.take() else { return };
+        tracing::warn!(id = p.id, %reason, "checkpoint abandoned; the job goes on");
+        self.broadcast(ToWorker::Abort { checkpoint_id: p.id });
+        if let Ok(mut s) = self.status.lock() {
+            s.checkpoint_in_progress = None;
+            s.checkpoints_failed += 1;
+            s.last_checkpoint_failure = Some(format!("checkpoint {}: {reason}", p.id));
+        }
+        if let Some(w) = p.waiter.take() {
+            let _ = w.send(Err(format!("savepoint {} failed: {reason}", p.id)));
+        }
+        let dir = self.cfg.storage.dir(&p.dir);
+        tokio::spawn(async move {
+            let _ = dir.delete_all().await;
+        });
+        if p.is_final {
+            // Sources have already ended after the final barrier; the run
+            // cannot take another one. Failing makes the supervisor restore
+            // it from the latest completed checkpoint.
+            self.final_failed = true;
+        }
+    }
+}

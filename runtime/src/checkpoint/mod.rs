@@ -1,0 +1,9 @@
+//! Checkpoints: what is in one (metadata), where it is kept (storage), and
+//! who decides when one is taken and complete (the coordinator).
+
+pub mod coordinator;
+pub mod metadata;
+pub mod storage;
+
+pub use metadata::{CheckpointMetadata, OperatorSubtaskState, SnapshotKind, StateFile, SubtaskAck};
+pub use storage::{CheckpointStorage, Location};

@@ -1,0 +1,302 @@
+//! Checkpoint storage through `object_store`: a local directory today, any
+//! object store tomorrow. Nothing here assumes a file system path beyond
+//! turning a user's plain path into a location.
+//!
+//! Layout under `<state dir>/<job>/`:
+//!
+//! ```text
+//! checkpoints/chk-<id>/<operator>-<subtask>.arrow   keyed state (Arrow IPC)
+//! checkpoints/chk-<id>/_metadata                     written last
+//! checkpoints/_latest                                the latest completed checkpoint's dir name
+//! savepoints/sp-<id>-<unix ms>/...                   same layout, never deleted by weir
+//! run.json                                           how to reach the running job (local mode)
+//! ```
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use serde::Serialize;
+
+use super::metadata::{now_unix_ms, CheckpointMetadata, SnapshotKind, StateFile, METADATA_FILE};
+use crate::error::{Error, Result};
+
+const LATEST: &str = "checkpoints/_latest";
+
+/// A directory in some object store.
+#[derive(Clone)]
+pub struct Location {
+    pub store: Arc<dyn ObjectStore>,
+    pub prefix: Path,
+    /// What the user sees and can pass back (`--restore`): a path or a URL.
+    pub display: String,
+}
+
+impl std::fmt::Debug for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.display)
+    }
+}
+
+impl Location {
+    /// A plain path (created if missing, when `create`) or a URL such as `file:///x`.
+    pub fn parse(text: &str, create: bool) -> Result<Location> {
+        let bad = |message: String| Error::StateDir { dir: text.into(), message };
+        if text.contains("://") {
+            let url = url::Url::parse(text).map_err(|e| bad(format!("not a valid URL: {e}")))?;
+            if url.scheme() == "file" {
+                let path = url.to_file_path().map_err(|_| bad("not a local file URL".into()))?;
+                return Self::parse(&path.display().to_string(), create);
+            }
+            let (store, prefix) = object_store::parse_url(&url)
+                .map_err(|e| bad(format!("unsupported storage (this build supports local paths and file:// URLs): {e}")))?;
+            return Ok(Location { store: Arc::from(store), prefix, display: text.trim_end_matches('/').into() });
+        }
+        let path = std::path::Path::new(text);
+        if create {
+            std::fs::create_dir_all(path).map_err(|e| bad(format!("cannot create it: {e}")))?;
+        }
+        let abs = std::path::absolute(path).map_err(|e| bad(e.to_string()))?;
+        let prefix = Path::from_absolute_path(&abs).map_err(|e| bad(e.to_string()))?;
+        Ok(Location {
+            store: Arc::new(LocalFileSystem::new().with_automatic_cleanup(true)),
+            prefix,
+            display: abs.display().to_string(),
+        })
+    }
+
+    pub fn child(&self, name: &str) -> Location {
+        Location {
+            store: self.store.clone(),
+            prefix: join(&self.prefix, name),
+            display: format!("{}/{}", self.display.trim_end_matches('/'), name),
+        }
+    }
+
+    fn path(&self, name: &str) -> Path {
+        join(&self.prefix, name)
+    }
+
+    pub async fn put(&self, name: &str, bytes: Vec<u8>) -> Result<()> {
+        let path = self.path(name);
+        self.store
+            .put(&path, PutPayload::from(bytes))
+            .await
+            .map_err(Error::storage(format!("{}/{name}", self.display)))?;
+        Ok(())
+    }
+
+    pub async fn get(&self, name: &str) -> Result<Option<Bytes>> {
+        match self.store.get(&self.path(name)).await {
+            Ok(r) => Ok(Some(r.bytes().await.map_err(Error::storage(format!("{}/{name}", self.display)))?)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(Error::storage(format!("{}/{name}", self.display))(e)),
+        }
+    }
+
+    /// Deletes one object; a missing one is not an error.
+    pub async fn delete(&self, name: &str) -> Result<()> {
+        match self.store.delete(&self.path(name)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(Error::storage(format!("{}/{name}", self.display))(e)),
+        }
+    }
+
+    /// Writes a state file and returns what the metadata records about it.
+    pub async fn put_state_file(&self, name: &str, bytes: Vec<u8>) -> Result<StateFile> {
+        let handle = StateFile { name: name.into(), size: bytes.len() as u64, crc32: crc32fast::hash(&bytes) };
+        self.put(name, bytes).await?;
+        Ok(handle)
+    }
+
+    /// Reads a state file back, checking that it is the file the metadata describes.
+    pub async fn read_state_file(&self, file: &StateFile) -> Result<Bytes> {
+        let where_ = format!("{}/{}", self.display, file.name);
+        let bytes = self
+            .get(&file.name)
+            .await?
+            .ok_or_else(|| Error::BadCheckpoint { location: where_.clone(), message: "the state file is missing".into() })?;
+        if bytes.len() as u64 != file.size || crc32fast::hash(&bytes) != file.crc32 {
+            return Err(Error::BadCheckpoint {
+                location: where_,
+                message: format!("the state file is damaged: {} bytes, expected {} with CRC {:08x}", bytes.len(), file.size, file.crc32),
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// The metadata of the checkpoint in this directory.
+    pub async fn read_metadata(&self) -> Result<CheckpointMetadata> {
+        let bytes = self.get(METADATA_FILE).await?.ok_or_else(|| Error::BadCheckpoint {
+            location: self.display.clone(),
+            message: format!("there is no {METADATA_FILE} file: expected the directory of a completed checkpoint or savepoint (see `weir checkpoints list`)"),
+        })?;
+        CheckpointMetadata::decode(&self.display, &bytes)
+    }
+
+    pub async fn delete_all(&self) -> Result<()> {
+        let objects: Vec<_> = self
+            .store
+            .list(Some(&self.prefix))
+            .try_collect()
+            .await
+            .map_err(Error::storage(self.display.clone()))?;
+        for o in objects {
+            self.store.delete(&o.location).await.map_err(Error::storage(self.display.clone()))?;
+        }
+        Ok(())
+    }
+
+    /// Names of the immediate subdirectories.
+    pub async fn list_dirs(&self, sub: &str) -> Result<Vec<String>> {
+        let prefix = self.path(sub);
+        let listing = self
+            .store
+            .list_with_delimiter(Some(&prefix))
+            .await
+            .map_err(Error::storage(format!("{}/{sub}", self.display)))?;
+        Ok(listing.common_prefixes.iter().filter_map(|p| p.filename().map(String::from)).collect())
+    }
+
+    /// Total size of the objects under this directory.
+    pub async fn size(&self) -> Result<u64> {
+        let objects: Vec<_> = self.store.list(Some(&self.prefix)).try_collect().await.map_err(Error::storage(self.display.clone()))?;
+        Ok(objects.iter().map(|o| o.size).sum())
+    }
+}
+
+fn join(prefix: &Path, name: &str) -> Path {
+    let mut p = prefix.clone();
+    for part in name.split('/').filter(|s| !s.is_empty()) {
+        p = p.clone().join(part);
+    }
+    p
+}
+
+/// One job's checkpoints and savepoints.
+#[derive(Clone, Debug)]
+pub struct CheckpointStorage {
+    pub job_root: Location,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SnapshotInfo {
+    pub id: u64,
+    pub kind: SnapshotKind,
+    pub dir: String,
+    pub location: String,
+    /// Complete: the metadata is there and readable.
+    pub complete: bool,
+    pub created_unix_ms: Option<u64>,
+    pub size_bytes: u64,
+    pub is_latest: bool,
+}
+
+impl CheckpointStorage {
+    /// The storage of `job` under a state directory (a path or URL).
+    pub fn open(state_dir: &str, job: &str, create: bool) -> Result<Self> {
+        let root = Location::parse(state_dir, create)?;
+        Ok(CheckpointStorage { job_root: root.child(job) })
+    }
+
+    /// Fails with a clear message when the state directory cannot be written.
+    pub async fn check_writable(&self) -> Result<()> {
+        let probe = format!(".probe-{}", std::process::id());
+        self.job_root.put(&probe, b"probe".to_vec()).await.map_err(|e| Error::StateDir {
+            dir: self.job_root.display.clone(),
+            message: format!("is not writable: {e}"),
+        })?;
+        let _ = self.job_root.store.delete(&join(&self.job_root.prefix, &probe)).await;
+        Ok(())
+    }
+
+    pub fn checkpoint_dir(id: u64) -> String {
+        format!("checkpoints/chk-{id}")
+    }
+
+    pub fn savepoint_dir(id: u64) -> String {
+        format!("savepoints/sp-{id}-{}", now_unix_ms())
+    }
+
+    pub fn dir(&self, rel: &str) -> Location {
+        self.job_root.child(rel)
+    }
+
+    /// Completes a checkpoint: metadata last, then (for checkpoints) the latest pointer.
+    pub async fn complete(&self, rel_dir: &str, meta: &CheckpointMetadata) -> Result<Location> {
+        let dir = self.dir(rel_dir);
+        dir.put(METADATA_FILE, meta.encode()).await?;
+        if meta.kind == SnapshotKind::Checkpoint {
+            self.job_root.put(LATEST, format!("{rel_dir}\n").into_bytes()).await?;
+        }
+        Ok(dir)
+    }
+
+    /// The latest completed checkpoint, if any.
+    pub async fn latest(&self) -> Result<Option<Location>> {
+        let Some(bytes) = self.job_root.get(LATEST).await? else { return Ok(None) };
+        let rel = String::from_utf8_lossy(&bytes).trim().to_string();
+        if !rel.starts_with("checkpoints/chk-") {
+            return Err(Error::BadCheckpoint {
+                location: format!("{}/{LATEST}", self.job_root.display),
+                message: format!("the latest-checkpoint pointer is corrupted (`{rel}`)"),
+            });
+        }
+        Ok(Some(self.dir(&rel)))
+    }
+
+    /// Every checkpoint and savepoint directory, oldest first.
+    pub async fn list(&self) -> Result<Vec<SnapshotInfo>> {
+        let latest = self.job_root.get(LATEST).await?.map(|b| String::from_utf8_lossy(&b).trim().to_string());
+        let mut out = Vec::new();
+        for (sub, kind, prefix) in [("checkpoints", SnapshotKind::Checkpoint, "chk-"), ("savepoints", SnapshotKind::Savepoint, "sp-")] {
+            for name in self.job_root.list_dirs(sub).await? {
+                let Some(id) = name.strip_prefix(prefix).and_then(|r| r.split('-').next()).and_then(|n| n.parse::<u64>().ok()) else { continue };
+                let rel = format!("{sub}/{name}");
+                let loc = self.dir(&rel);
+                let meta = loc.read_metadata().await.ok();
+                out.push(SnapshotInfo {
+                    id,
+                    kind,
+                    is_latest: latest.as_deref() == Some(rel.as_str()),
+                    dir: rel,
+                    complete: meta.is_some(),
+                    created_unix_ms: meta.map(|m| m.created_unix_ms),
+                    size_bytes: loc.size().await.unwrap_or(0),
+                    location: loc.display,
+                });
+            }
+        }
+        out.sort_by_key(|s| (s.id, s.kind == SnapshotKind::Savepoint));
+        Ok(out)
+    }
+
+    /// The smallest id above every id ever used, so that no new checkpoint
+    /// reuses the directory of an abandoned one.
+    pub async fn next_id(&self) -> Result<u64> {
+        Ok(self.list().await?.iter().map(|s| s.id).max().map(|m| m + 1).unwrap_or(1))
+    }
+
+    /// Deletes all but the newest `retain` completed checkpoints, and every
+    /// abandoned (incomplete) checkpoint older than the newest completed one.
+    /// Savepoints are never deleted here.
+    pub async fn apply_retention(&self, retain: usize) -> Result<()> {
+        let list = self.list().await?;
+        let checkpoints: Vec<_> = list.iter().filter(|s| s.kind == SnapshotKind::Checkpoint).collect();
+        let complete: Vec<_> = checkpoints.iter().filter(|s| s.complete).collect();
+        let newest = complete.last().map(|s| s.id).unwrap_or(0);
+        let keep_from = complete.len().saturating_sub(retain);
+        for (i, s) in complete.iter().enumerate() {
+            if i < keep_from && !s.is_latest {
+                self.dir(&s.dir).delete_all().await?;
+            }
+        }
+        for s in checkpoints.iter().filter(|s| !s.complete && s.id < newest) {
+            self.dir(&s.dir).delete_all().await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,312 @@
+//! The restart loop of `weir run`.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+use super::progress::Progress;
+use super::run_info::RunInfo;
+use crate::checkpoint::{CheckpointStorage, Location};
+use crate::control::{self, JobStatus};
+use crate::error::{Error, Result};
+use crate::plan;
+use crate::worker::restore::RestoredState;
+use crate::worker::Cluster;
+use weir_api::PipelineSpec;
+
+/// Exit code of a worker that met an error a restart cannot fix (bad input,
+/// an unusable checkpoint): the supervisor stops instead of restarting.
+pub const EXIT_FATAL: i32 = 3;
+
+#[derive(Debug, Clone)]
+pub enum RestoreFrom {
+    Latest,
+    Path(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub pipeline: PathBuf,
+    pub state_dir: String,
+    pub restore: Option<RestoreFrom>,
+    pub parallelism: Option<u32>,
+    pub workers: Option<u32>,
+    pub allow_non_restored_state: bool,
+    /// Restarts in a row without a new completed checkpoint before giving up.
+    pub max_restarts: u32,
+}
+
+/// What a finished run reports.
+pub struct RunSummary {
+    pub status: JobStatus,
+    pub restarts: u32,
+    pub elapsed: Duration,
+}
+
+/// Loads and checks the pipeline, applying a parallelism override.
+pub fn load_pipeline(path: &std::path::Path, parallelism: Option<u32>) -> Result<(PipelineSpec, weir_api::pipeline::PipelineSource)> {
+    let (mut spec, src) = PipelineSpec::from_file(path)?;
+    if let Some(p) = parallelism {
+        if p == 0 || p > spec.max_parallelism {
+            return Err(Error::Job(format!("--parallelism {p}: expected 1 to max_parallelism ({})", spec.max_parallelism)));
+        }
+        spec.parallelism = p;
+    }
+    Ok((spec, src))
+}
+
+fn free_addr() -> Result<SocketAddr> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(Error::io("finding a free port"))?;
+    l.local_addr().map_err(Error::io("finding a free port"))
+}
+
+fn random_hex(bytes: usize) -> String {
+    (0..bytes).map(|_| format!("{:02x}", rand::random::<u8>())).collect()
+}
+
+pub async fn run(opts: RunOptions) -> Result<RunSummary> {
+    let started = Instant::now();
+    let (spec, src) = load_pipeline(&opts.pipeline, opts.parallelism)?;
+    let plan_for_checks = plan::plan(&spec, &src)?;
+    let storage = CheckpointStorage::open(&opts.state_dir, &spec.name, true)?;
+    storage.check_writable().await?;
+    storage.job_root.delete(crate::checkpoint::coordinator::FINAL_STATUS).await?;
+    let base_dir = std::env::current_dir().map_err(Error::io("current directory"))?;
+
+    let mut restore: Option<Location> = match &opts.restore {
+        None => None,
+        Some(RestoreFrom::Latest) => match storage.latest().await? {
+            Some(loc) => Some(loc),
+            None => {
+                eprintln!("no completed checkpoint of `{}` in {}: starting fresh", spec.name, storage.job_root.display);
+                None
+            }
+        },
+        Some(RestoreFrom::Path(p)) => Some(Location::parse(p, false)?),
+    };
+    if let Some(loc) = &restore {
+        let r = RestoredState::load(loc.clone()).await?;
+        r.check_compatible(&plan_for_checks, opts.allow_non_restored_state)?;
+        eprintln!("restoring `{}` from {} {} ({})", spec.name, kind_name(&r), r.meta.checkpoint_id, loc.display);
+    }
+
+    let workers = opts.workers.unwrap_or(spec.parallelism).clamp(1, spec.parallelism);
+    let guarantee = spec.guarantee();
+    eprintln!(
+        "running `{}`: parallelism {}, {} worker process{}, {} checkpoints every {}, guarantee {}{}",
+        spec.name,
+        spec.parallelism,
+        workers,
+        if workers == 1 { "" } else { "es" },
+        match spec.checkpoint.mode {
+            weir_api::CheckpointMode::Aligned => "aligned",
+        },
+        spec.checkpoint.interval,
+        guarantee,
+        match &spec.sink {
+            weir_api::SinkSpec::Stdout(_) => " (the stdout sink may repeat records after a failure)",
+            _ => "",
+        }
+    );
+    eprintln!("state: {}", storage.job_root.display);
+
+    let token = random_hex(16);
+    let mut progress = Progress::new();
+    let mut restarts = 0u32;
+    let mut failures_in_a_row = 0u32;
+    let mut attempt = 0u32;
+    loop {
+        let run_id = format!("{}{:02}", random_hex(4), attempt % 100);
+        let cluster = Cluster {
+            run_id: run_id.clone(),
+            workers: (0..workers).map(|_| free_addr()).collect::<Result<_>>()?,
+            coordinator: free_addr()?,
+            api: free_addr()?,
+        };
+        let cluster_json = serde_json::to_string(&cluster).map_err(|e| Error::Job(e.to_string()))?;
+        let exe = std::env::current_exe().map_err(Error::io("locating the weir binary"))?;
+        let mut children: Vec<Child> = Vec::new();
+        for i in 0..workers {
+            let mut cmd = Command::new(&exe);
+            cmd.arg("worker")
+                .arg("--pipeline")
+                .arg(&opts.pipeline)
+                .arg("--index")
+                .arg(i.to_string())
+                .arg("--cluster")
+                .arg(&cluster_json)
+                .arg("--state-dir")
+                .arg(&storage_root_arg(&opts.state_dir))
+                .arg("--base-dir")
+                .arg(&base_dir)
+                .arg("--parallelism")
+                .arg(spec.parallelism.to_string())
+                .env("WEIR_CONTROL_TOKEN", &token)
+                .stdin(Stdio::null())
+                .kill_on_drop(true);
+            if let Some(loc) = &restore {
+                cmd.arg("--restore").arg(&loc.display);
+            }
+            if opts.allow_non_restored_state {
+                cmd.arg("--allow-non-restored-state");
+            }
+            if progress.is_tty() && std::env::var_os("RUST_LOG").is_none() {
+                cmd.env("RUST_LOG", "warn");
+            }
+            // Workers must not outlive the supervisor, however it dies.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                });
+            }
+            children.push(cmd.spawn().map_err(Error::io(format!("starting worker {i}")))?);
+        }
+        let info = RunInfo {
+            job: spec.name.clone(),
+            supervisor_pid: std::process::id(),
+            worker_pids: children.iter().filter_map(|c| c.id()).collect(),
+            api: cluster.api,
+            token: token.clone(),
+            run_id: run_id.clone(),
+            attempt,
+        };
+        info.write(&storage).await?;
+        tracing::info!(attempt, run_id = %run_id, workers, restore = restore.as_ref().map(|l| l.display.clone()), "workers started");
+
+        let checkpoint_before = latest_id(&storage).await;
+        let outcome = supervise(&mut children, cluster.api, &token, &mut progress, restarts).await;
+        progress.finish_line();
+        match outcome {
+            Outcome::Finished(last_polled) => {
+                let status = match storage.job_root.get(crate::checkpoint::coordinator::FINAL_STATUS).await? {
+                    Some(b) => serde_json::from_slice(&b).unwrap_or(last_polled),
+                    None => last_polled,
+                };
+                return Ok(RunSummary { status, restarts, elapsed: started.elapsed() });
+            }
+            Outcome::Interrupted => return Err(Error::Job("interrupted".into())),
+            Outcome::Fatal(msg) => return Err(Error::Job(format!("the job failed and cannot be restarted: {msg}"))),
+            Outcome::Failed(msg) => {
+                restarts += 1;
+                attempt += 1;
+                let latest = storage.latest().await?;
+                let progressed = latest_id(&storage).await > checkpoint_before;
+                failures_in_a_row = if progressed { 1 } else { failures_in_a_row + 1 };
+                if failures_in_a_row > opts.max_restarts {
+                    return Err(Error::Job(format!("{msg}; gave up after {} restarts in a row without a completed checkpoint", opts.max_restarts)));
+                }
+                let backoff = Duration::from_millis(100u64 << (failures_in_a_row - 1).min(6));
+                if let Some(l) = latest {
+                    restore = Some(l);
+                }
+                let from = restore.as_ref().map(|l| l.display.clone()).unwrap_or_else(|| "the beginning (no checkpoint yet)".into());
+                eprintln!("{msg}; restarting in {:.1}s from {from} (restart {restarts})", backoff.as_secs_f64());
+                tracing::warn!(restarts, backoff_ms = backoff.as_millis() as u64, from = %from, "restoring the job");
+                tokio::time::sleep(backoff).await;
+            }
+        }
+    }
+}
+
+fn kind_name(r: &RestoredState) -> &'static str {
+    match r.meta.kind {
+        crate::checkpoint::SnapshotKind::Checkpoint => "checkpoint",
+        crate::checkpoint::SnapshotKind::Savepoint => "savepoint",
+    }
+}
+
+/// Workers resolve the state dir themselves; give them an absolute one.
+fn storage_root_arg(state_dir: &str) -> String {
+    if state_dir.contains("://") {
+        return state_dir.to_string();
+    }
+    std::path::absolute(state_dir).map(|p| p.display().to_string()).unwrap_or_else(|_| state_dir.to_string())
+}
+
+async fn latest_id(storage: &CheckpointStorage) -> u64 {
+    match storage.latest().await {
+        Ok(Some(loc)) => loc.display.rsplit("chk-").next().and_then(|n| n.parse().ok()).unwrap_or(0),
+        _ => 0,
+    }
+}
+
+enum Outcome {
+    Finished(JobStatus),
+    Failed(String),
+    Fatal(String),
+    Interrupted,
+}
+
+async fn supervise(children: &mut Vec<Child>, api: SocketAddr, token: &str, progress: &mut Progress, restarts: u32) -> Outcome {
+    let (exit_tx, mut exits) = mpsc::unbounded_channel::<(usize, std::io::Result<std::process::ExitStatus>)>();
+    let mut waiting = Vec::new();
+    for (i, mut child) in children.drain(..).enumerate() {
+        let tx = exit_tx.clone();
+        waiting.push(child.id());
+        tokio::spawn(async move {
+            let r = child.wait().await;
+            let _ = tx.send((i, r));
+        });
+    }
+    let kill_all = |pids: &Vec<Option<u32>>| {
+        for pid in pids.iter().flatten() {
+            unsafe {
+                libc::kill(*pid as i32, libc::SIGKILL);
+            }
+        }
+    };
+    let total = waiting.len();
+    let mut exited_ok = 0usize;
+    let mut last_status = JobStatus::default();
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tokio::select! {
+            Some((i, r)) = exits.recv() => {
+                let code = r.as_ref().ok().and_then(|s| s.code());
+                if code == Some(0) {
+                    exited_ok += 1;
+                    if exited_ok == total {
+                        return Outcome::Finished(last_status);
+                    }
+                    continue;
+                }
+                kill_all(&waiting);
+                // Collect the others so that no worker of this run survives the next start.
+                let mut remaining = total - exited_ok - 1;
+                while remaining > 0 {
+                    if exits.recv().await.is_none() { break; }
+                    remaining -= 1;
+                }
+                let how = match (&r, code) {
+                    (Err(e), _) => format!("worker {i} could not be watched: {e}"),
+                    (_, Some(c)) => format!("worker {i} exited with code {c}"),
+                    (Ok(s), None) => {
+                        use std::os::unix::process::ExitStatusExt;
+                        format!("worker {i} was killed by signal {}", s.signal().unwrap_or(0))
+                    }
+                };
+                if code == Some(EXIT_FATAL) {
+                    return Outcome::Fatal(how);
+                }
+                return Outcome::Failed(how);
+            }
+            _ = tick.tick() => {
+                if let Ok((200, body)) = control::call(api, "GET", "/v1/status", token, Duration::from_millis(500)).await {
+                    if let Ok(st) = serde_json::from_str::<JobStatus>(&body) {
+                        progress.update(&st, restarts);
+                        last_status = st;
+                    }
+                }
+            }
+            _ = tokio::signal::ctrl_c() => {
+                kill_all(&waiting);
+                return Outcome::Interrupted;
+            }
+        }
+    }
+}

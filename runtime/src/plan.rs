@@ -1,0 +1,287 @@
+//! From the pipeline as written to the physical plan: stages of chained
+//! operators separated by key_by exchanges, with every schema and expression
+//! resolved before any process starts.
+//!
+//! A stage is what one subtask runs in one task: its input (the source, or the
+//! exchange from the previous stage), its operators called one after the
+//! other, and its output (a hash-partitioned exchange, or the sink). Forward
+//! edges never cross a process; only `key_by` does.
+
+use std::sync::Arc;
+
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion_physical_expr::expressions::Column;
+use datafusion_physical_expr::PhysicalExpr;
+use weir_api::pipeline::{FieldType, PipelineSource};
+use weir_api::{PipelineSpec, SourceSpec, StepKind};
+
+use crate::error::{Error, Result};
+use crate::expr::{select_schema, ExprCompiler};
+use crate::key_group::is_key_type;
+
+pub const SOURCE_ID: &str = "source";
+pub const SINK_ID: &str = "sink";
+
+pub struct JobPlan {
+    pub spec: PipelineSpec,
+    pub stages: Vec<StagePlan>,
+}
+
+pub struct StagePlan {
+    pub index: usize,
+    pub input_schema: SchemaRef,
+    pub operators: Vec<OperatorPlan>,
+    pub output: StageOutput,
+    pub output_schema: SchemaRef,
+}
+
+pub enum StageOutput {
+    /// Hash-partition by these columns of `output_schema` into the next stage.
+    Exchange { key_indices: Vec<usize> },
+    Sink,
+}
+
+pub struct OperatorPlan {
+    pub id: String,
+    pub kind: OperatorKind,
+    pub output_schema: SchemaRef,
+}
+
+pub enum OperatorKind {
+    Filter(Arc<dyn PhysicalExpr>),
+    Select(Vec<Arc<dyn PhysicalExpr>>),
+    Running(RunningPlan),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AggFn {
+    Count,
+    Sum,
+    Min,
+    Max,
+}
+
+pub struct RunningPlan {
+    pub key_indices: Vec<usize>,
+    pub function: AggFn,
+    /// The aggregated column; none for count.
+    pub input: Option<usize>,
+    pub output_type: DataType,
+}
+
+impl JobPlan {
+    pub fn stage_count(&self) -> usize {
+        self.stages.len()
+    }
+
+    /// Every operator id that keeps state, with the stage it runs in.
+    pub fn stateful_operator_ids(&self) -> Vec<String> {
+        let mut ids = vec![SOURCE_ID.to_string(), SINK_ID.to_string()];
+        for s in &self.stages {
+            for o in &s.operators {
+                if matches!(o.kind, OperatorKind::Running(_)) {
+                    ids.push(o.id.clone());
+                }
+            }
+        }
+        ids
+    }
+}
+
+pub fn source_schema(spec: &SourceSpec) -> SchemaRef {
+    match spec {
+        SourceSpec::Generator(_) => Arc::new(Schema::new(vec![
+            Field::new("seq", DataType::Int64, false),
+            Field::new("key", DataType::Int64, false),
+            Field::new("value", DataType::Int64, false),
+        ])),
+        SourceSpec::File(f) => Arc::new(Schema::new(
+            f.schema
+                .0
+                .iter()
+                .map(|(name, ty)| {
+                    let dt = match ty {
+                        FieldType::Int64 => DataType::Int64,
+                        FieldType::Float64 => DataType::Float64,
+                        FieldType::String => DataType::Utf8,
+                        FieldType::Boolean => DataType::Boolean,
+                    };
+                    Field::new(name, dt, true)
+                })
+                .collect::<Vec<_>>(),
+        )),
+    }
+}
+
+/// Plans a parsed pipeline; errors point at the step's line through `src`.
+pub fn plan(spec: &PipelineSpec, src: &PipelineSource) -> Result<JobPlan> {
+    let mut stages = Vec::new();
+    let mut schema = source_schema(&spec.source);
+    let mut stage_input = schema.clone();
+    let mut operators: Vec<OperatorPlan> = Vec::new();
+    let mut keys: Option<Vec<String>> = None;
+
+    for (i, step) in spec.steps.iter().enumerate() {
+        let field = format!("steps[{i}].{}", step.kind.name());
+        let id = step.id_or_default(i);
+        let invalid = |msg: String| Error::Pipeline(src.invalid(&field, msg));
+        match &step.kind {
+            StepKind::KeyBy(fields) => {
+                let mut idx = Vec::new();
+                for f in fields {
+                    let (pos, fld) = schema.column_with_name(f).ok_or_else(|| {
+                        invalid(format!("no field `{f}` to key by: expected one of {}", names(&schema)))
+                    })?;
+                    if !is_key_type(fld.data_type()) {
+                        return Err(invalid(format!(
+                            "cannot key by `{f}` of type {}: expected int64, float64, string or boolean",
+                            fld.data_type()
+                        )));
+                    }
+                    idx.push(pos);
+                }
+                stages.push(StagePlan {
+                    index: stages.len(),
+                    input_schema: stage_input.clone(),
+                    operators: std::mem::take(&mut operators),
+                    output: StageOutput::Exchange { key_indices: idx },
+                    output_schema: schema.clone(),
+                });
+                stage_input = schema.clone();
+                keys = Some(fields.clone());
+            }
+            StepKind::Filter(text) => {
+                let e = ExprCompiler::new(&schema)?.filter(&field, text).map_err(|e| locate(src, &field, e))?;
+                operators.push(OperatorPlan { id, kind: OperatorKind::Filter(e), output_schema: schema.clone() });
+            }
+            StepKind::Select(items) => {
+                let compiler = ExprCompiler::new(&schema)?;
+                let mut exprs = Vec::new();
+                let mut fields = Vec::new();
+                for (j, item) in items.iter().enumerate() {
+                    let item_field = format!("{field}[{j}]");
+                    let (e, f) = compiler.select_item(&item_field, item).map_err(|e| locate(src, &field, e))?;
+                    if fields.iter().any(|x: &Arc<Field>| x.name() == f.name()) {
+                        return Err(invalid(format!("two items are named `{}`: expected unique names", f.name())));
+                    }
+                    // Records were routed by the key's value: a key field may
+                    // be kept or dropped, but not given a new value.
+                    if let Some(k) = &keys {
+                        if k.contains(f.name()) {
+                            let same = e.downcast_ref::<Column>().map(|c| c.name() == f.name()).unwrap_or(false);
+                            if !same {
+                                return Err(invalid(format!(
+                                    "`{}` is a key field of the preceding key_by and cannot be recomputed: name the new value differently",
+                                    f.name()
+                                )));
+                            }
+                        }
+                    }
+                    exprs.push(e);
+                    fields.push(f);
+                }
+                schema = select_schema(&fields);
+                operators.push(OperatorPlan { id, kind: OperatorKind::Select(exprs), output_schema: schema.clone() });
+            }
+            kind => {
+                let key_fields = keys.clone().ok_or_else(|| invalid("expected a key_by step before a running aggregate".into()))?;
+                let mut key_indices = Vec::new();
+                for k in &key_fields {
+                    let (pos, _) = schema.column_with_name(k).ok_or_else(|| {
+                        invalid(format!("the key field `{k}` was dropped by an earlier select: keep it to aggregate per key"))
+                    })?;
+                    key_indices.push(pos);
+                }
+                let (function, input, output) = match kind {
+                    StepKind::RunningCount(out) => (AggFn::Count, None, out.clone()),
+                    StepKind::RunningSum(a) => (AggFn::Sum, Some(a.field.clone()), a.output.clone().unwrap_or(format!("sum_{}", a.field))),
+                    StepKind::RunningMin(a) => (AggFn::Min, Some(a.field.clone()), a.output.clone().unwrap_or(format!("min_{}", a.field))),
+                    StepKind::RunningMax(a) => (AggFn::Max, Some(a.field.clone()), a.output.clone().unwrap_or(format!("max_{}", a.field))),
+                    _ => unreachable!("every other step kind is matched above"),
+                };
+                let (input_idx, output_type) = match &input {
+                    None => (None, DataType::Int64),
+                    Some(name) => {
+                        let (pos, f) = schema.column_with_name(name).ok_or_else(|| {
+                            invalid(format!("no field `{name}`: expected one of {}", names(&schema)))
+                        })?;
+                        match f.data_type() {
+                            DataType::Int64 | DataType::Float64 => (Some(pos), f.data_type().clone()),
+                            other => return Err(invalid(format!("`{name}` has type {other}: expected int64 or float64"))),
+                        }
+                    }
+                };
+                if schema.column_with_name(&output).is_some() {
+                    return Err(invalid(format!("the output field `{output}` already exists: choose another name")));
+                }
+                let mut fields: Vec<Arc<Field>> = schema.fields().iter().cloned().collect();
+                fields.push(Arc::new(Field::new(&output, output_type.clone(), function != AggFn::Count)));
+                schema = Arc::new(Schema::new(fields));
+                operators.push(OperatorPlan {
+                    id,
+                    kind: OperatorKind::Running(RunningPlan { key_indices, function, input: input_idx, output_type }),
+                    output_schema: schema.clone(),
+                });
+            }
+        }
+    }
+    stages.push(StagePlan {
+        index: stages.len(),
+        input_schema: stage_input,
+        operators,
+        output: StageOutput::Sink,
+        output_schema: schema,
+    });
+    Ok(JobPlan { spec: spec.clone(), stages })
+}
+
+fn names(schema: &Schema) -> String {
+    schema.fields().iter().map(|f| f.name().as_str()).collect::<Vec<_>>().join(", ")
+}
+
+/// Adds the file and line to an expression error.
+fn locate(src: &PipelineSource, field: &str, e: Error) -> Error {
+    match e {
+        Error::Expression { expr, message, .. } => Error::Pipeline(src.invalid(field, format!("`{expr}`: {message}"))),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan_text(text: &str) -> Result<JobPlan> {
+        let src = PipelineSource { file: "p.yaml".into(), text: text.into() };
+        let spec = PipelineSpec::from_source(&src)?;
+        plan(&spec, &src)
+    }
+
+    #[test]
+    fn key_by_splits_the_pipeline_into_stages() {
+        let p = plan_text("name: t\nsource:\n  generator: {}\nsteps:\n  - filter: value > 3\n  - key_by: key\n  - running_count: count\nsink:\n  blackhole: {}\n").unwrap();
+        assert_eq!(p.stages.len(), 2);
+        assert_eq!(p.stages[0].operators.len(), 1);
+        assert!(matches!(p.stages[0].output, StageOutput::Exchange { ref key_indices } if key_indices == &vec![1]));
+        assert_eq!(p.stages[1].output_schema.field(3).name(), "count");
+    }
+
+    #[test]
+    fn an_expression_error_names_file_line_and_step() {
+        let err = plan_text("name: t\nsource:\n  generator: {}\nsteps:\n  - filter: nope > 3\nsink:\n  blackhole: {}\n").unwrap_err().to_string();
+        assert!(err.starts_with("p.yaml:5: steps[0].filter"), "{err}");
+        assert!(err.contains("nope"), "{err}");
+    }
+
+    #[test]
+    fn recomputing_a_key_after_key_by_is_rejected() {
+        let err = plan_text("name: t\nsource:\n  generator: {}\nsteps:\n  - key_by: key\n  - select: [\"key + 1 AS key\", value]\n  - running_count: n\nsink:\n  blackhole: {}\n").unwrap_err().to_string();
+        assert!(err.contains("cannot be recomputed"), "{err}");
+    }
+
+    #[test]
+    fn aggregating_a_string_field_is_rejected_with_the_type() {
+        let err = plan_text("name: t\nsource:\n  file:\n    path: x\n    schema: {k: int64, s: string}\nsteps:\n  - key_by: k\n  - running_sum: {field: s}\nsink:\n  blackhole: {}\n").unwrap_err().to_string();
+        assert!(err.contains("expected int64 or float64"), "{err}");
+    }
+}

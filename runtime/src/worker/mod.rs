@@ -1,0 +1,446 @@
+//! A worker process: hosts slot `index` (subtask `index` of every stage, and
+//! more when there are fewer workers than subtasks), wires its channels to
+//! the other workers, and runs its subtasks until the job finishes or fails.
+//! Worker 0 also hosts the coordinator and the control API.
+//!
+//! The same code runs under `weir run` (local processes) and in pods: a
+//! worker learns its peers' addresses from its [`Cluster`] argument, never
+//! from DNS, and treats the loss of any peer as the end of the run; whoever
+//! started it (the local supervisor or the operator) restores the job from
+//! the latest completed checkpoint.
+
+pub mod gate;
+pub mod protocol;
+pub mod restore;
+pub mod subtask;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use tokio::net::TcpListener;
+use tokio::sync::{broadcast, mpsc, oneshot, Notify};
+use tokio::task::JoinSet;
+use tokio_util::codec::{FramedRead, FramedWrite};
+
+use crate::checkpoint::coordinator::{self, CoordinatorConfig};
+use crate::checkpoint::{CheckpointStorage, Location};
+use crate::control::{self, JobStatus};
+use crate::error::{Error, Result};
+use crate::exchange::frame::{codec, decode_hello, encode_hello, FrameDecoder, FrameEncoder, Hello};
+use crate::exchange::partition::Partitioner;
+use crate::exchange::{Barrier, Message, CHANNEL_CAPACITY};
+use crate::operator::Operator;
+use crate::plan::{JobPlan, StageOutput};
+use crate::sink::{SinkRestore, SinkWriter};
+use crate::source::SourceReader;
+
+pub use protocol::Cluster;
+use protocol::{framed, send, ToCoordinator, ToWorker};
+use restore::RestoredState;
+use gate::InputGate;
+use subtask::{Counters, Input, Notification, Output, Subtask};
+
+pub struct WorkerConfig {
+    pub plan: Arc<JobPlan>,
+    pub index: u32,
+    pub cluster: Cluster,
+    pub state_dir: String,
+    pub restore: Option<String>,
+    pub allow_non_restored_state: bool,
+    /// Relative paths of sources and sinks are resolved against this directory.
+    pub base_dir: PathBuf,
+    pub token: String,
+}
+
+const CONNECT_WITHIN: Duration = Duration::from_secs(30);
+
+type Routes = HashMap<(usize, u32, u32), mpsc::Sender<Message>>;
+
+pub async fn run(cfg: WorkerConfig) -> Result<()> {
+    let plan = cfg.plan.clone();
+    let spec = &plan.spec;
+    let (p, max_p) = (spec.parallelism, spec.max_parallelism);
+    let index = cfg.index;
+    let cluster = &cfg.cluster;
+    let storage = CheckpointStorage::open(&cfg.state_dir, &spec.name, true)?;
+    let restored = match &cfg.restore {
+        Some(loc) => {
+            let r = RestoredState::load(Location::parse(loc, false)?).await?;
+            r.check_compatible(&plan, cfg.allow_non_restored_state)?;
+            Some(r)
+        }
+        None => None,
+    };
+
+    let mut coordinator_task = None;
+    if index == 0 {
+        let control_listener = bind(cluster.coordinator).await?;
+        let api_listener = bind(cluster.api).await?;
+        let status = Arc::new(Mutex::new(JobStatus {
+            job: spec.name.clone(),
+            run_id: cluster.run_id.clone(),
+            phase: "starting".into(),
+            guarantee: spec.guarantee().to_string(),
+            parallelism: p,
+            restored_from: restored.as_ref().map(|r| r.location.display.clone()),
+            ..Default::default()
+        }));
+        let (api_tx, api_rx) = mpsc::channel(16);
+        tokio::spawn(control::serve(api_listener, cfg.token.clone(), status.clone(), api_tx));
+        let ccfg = CoordinatorConfig {
+            job: spec.name.clone(),
+            run_id: cluster.run_id.clone(),
+            parallelism: p,
+            max_parallelism: max_p,
+            stages: plan.stage_count(),
+            workers: cluster.workers.len(),
+            interval: spec.checkpoint.interval.get(),
+            timeout: spec.checkpoint.timeout.get(),
+            retain: spec.checkpoint.retain as usize,
+            storage: storage.clone(),
+        };
+        coordinator_task = Some(tokio::spawn(coordinator::run(ccfg, control_listener, api_rx, status)));
+    }
+    let data_listener = bind(cluster.workers[index as usize]).await?;
+
+    // The coordinator connection: a writer fed by a channel, and a reader
+    // that dispatches triggers to sources and notifications to sinks.
+    let coordinator_peer = cluster.coordinator.to_string();
+    let conn = protocol::connect(cluster.coordinator, CONNECT_WITHIN).await?;
+    let mut conn = framed(conn);
+    send(&mut conn, &ToCoordinator::Hello { worker: index, run_id: cluster.run_id.clone() }, &coordinator_peer).await?;
+    let (mut conn_tx, mut conn_rx) = conn.split::<bytes::Bytes>();
+    let (to_coord, mut to_coord_rx) = mpsc::unbounded_channel::<ToCoordinator>();
+    tokio::spawn(async move {
+        while let Some(msg) = to_coord_rx.recv().await {
+            let Ok(bytes) = serde_json::to_vec(&msg) else { continue };
+            if conn_tx.send(bytes::Bytes::from(bytes)).await.is_err() {
+                break;
+            }
+        }
+    });
+    let hosted: Vec<u32> = (0..p).filter(|s| cluster.worker_of(*s) == index).collect();
+    let mut trigger_txs = Vec::new();
+    let mut trigger_rxs = HashMap::new();
+    for &j in &hosted {
+        let (tx, rx) = mpsc::unbounded_channel::<Barrier>();
+        trigger_txs.push(tx);
+        trigger_rxs.insert(j, rx);
+    }
+    let (notify_tx, _) = broadcast::channel::<Notification>(256);
+    let mut sink_notifications: HashMap<u32, broadcast::Receiver<Notification>> = hosted.iter().map(|&j| (j, notify_tx.subscribe())).collect();
+    let (start_tx, start_rx) = oneshot::channel::<()>();
+    let shutdown = Arc::new(Notify::new());
+    let (lost_tx, mut lost_rx) = mpsc::channel::<String>(1);
+    {
+        let shutdown = shutdown.clone();
+        let mut start_tx = Some(start_tx);
+        tokio::spawn(async move {
+            loop {
+                let msg = match conn_rx.next().await {
+                    Some(Ok(frame)) => serde_json::from_slice::<ToWorker>(&frame).map_err(|e| e.to_string()),
+                    Some(Err(e)) => Err(e.to_string()),
+                    None => Err("connection closed".into()),
+                };
+                match msg {
+                    Ok(ToWorker::Start) => {
+                        if let Some(tx) = start_tx.take() {
+                            let _ = tx.send(());
+                        }
+                    }
+                    Ok(ToWorker::Trigger(b)) => trigger_txs.iter().for_each(|t| {
+                        let _ = t.send(b.clone());
+                    }),
+                    Ok(ToWorker::Complete { checkpoint_id }) => {
+                        let _ = notify_tx.send(Notification::Complete(checkpoint_id));
+                    }
+                    Ok(ToWorker::Abort { checkpoint_id }) => {
+                        let _ = notify_tx.send(Notification::Abort(checkpoint_id));
+                    }
+                    Ok(ToWorker::Shutdown) => {
+                        shutdown.notify_one();
+                        return;
+                    }
+                    Err(e) => {
+                        let _ = lost_tx.send(format!("lost the coordinator at {coordinator_peer}: {e}")).await;
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
+    // Channels into the subtasks of stages after the first, one per upstream subtask.
+    let stages = plan.stage_count();
+    let mut gates: HashMap<(usize, u32), Vec<mpsc::Receiver<Message>>> = HashMap::new();
+    let mut local_routes: Routes = HashMap::new();
+    let mut remote_routes: Routes = HashMap::new();
+    for stage in 1..stages {
+        for &j in &hosted {
+            let mut rxs = Vec::new();
+            for i in 0..p {
+                let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
+                rxs.push(rx);
+                if cluster.worker_of(i) == index {
+                    local_routes.insert((stage, j, i), tx);
+                } else {
+                    remote_routes.insert((stage, j, i), tx);
+                }
+            }
+            gates.insert((stage, j), rxs);
+        }
+    }
+    let expected_remote = remote_routes.len();
+    let (accepted_tx, mut accepted_rx) = mpsc::unbounded_channel::<Result<()>>();
+    tokio::spawn(accept_data(data_listener, cluster.run_id.clone(), remote_routes, accepted_tx));
+
+    // Outputs of the hosted subtasks of every stage but the last.
+    let mut outputs: HashMap<(usize, u32), Vec<mpsc::Sender<Message>>> = HashMap::new();
+    for stage in 0..stages.saturating_sub(1) {
+        let schema = plan.stages[stage].output_schema.clone();
+        for &i in &hosted {
+            let mut senders = Vec::new();
+            for j in 0..p {
+                let w = cluster.worker_of(j);
+                if w == index {
+                    let tx = local_routes
+                        .remove(&(stage + 1, j, i))
+                        .ok_or_else(|| Error::Job(format!("no local route for stage {} {i}->{j}", stage + 1)))?;
+                    senders.push(tx);
+                } else {
+                    let addr = cluster.workers[w as usize];
+                    let stream = protocol::connect(addr, CONNECT_WITHIN).await?;
+                    let mut out = FramedWrite::new(stream, codec());
+                    let hello = Hello { run_id: cluster.run_id.clone(), stage: stage + 1, from: i, to: j };
+                    out.send(encode_hello(&hello)).await.map_err(|e| Error::Network { peer: addr.to_string(), message: e.to_string() })?;
+                    let (tx, mut rx) = mpsc::channel::<Message>(CHANNEL_CAPACITY);
+                    let mut encoder = FrameEncoder::new(&schema)?;
+                    tokio::spawn(async move {
+                        while let Some(msg) = rx.recv().await {
+                            let end = matches!(msg, Message::End);
+                            let frame = match encoder.encode(&msg) {
+                                Ok(f) => f,
+                                Err(e) => {
+                                    tracing::error!(error = %e, "cannot encode a message");
+                                    return;
+                                }
+                            };
+                            if let Err(e) = out.send(frame).await {
+                                tracing::debug!(peer = %addr, error = %e, "data connection closed");
+                                return;
+                            }
+                            if end {
+                                let _ = SinkExt::<bytes::Bytes>::flush(&mut out).await;
+                                return;
+                            }
+                        }
+                    });
+                    senders.push(tx);
+                }
+            }
+            outputs.insert((stage, i), senders);
+        }
+    }
+    let deadline = tokio::time::Instant::now() + CONNECT_WITHIN;
+    for _ in 0..expected_remote {
+        match tokio::time::timeout_at(deadline, accepted_rx.recv()).await {
+            Ok(Some(Ok(()))) => {}
+            Ok(Some(Err(e))) => return Err(e),
+            _ => return Err(Error::Job(format!("worker {index}: not every upstream connected within {CONNECT_WITHIN:?}"))),
+        }
+    }
+
+    let _ = to_coord.send(ToCoordinator::Ready);
+    tokio::select! {
+        r = start_rx => r.map_err(|_| Error::Job("the coordinator went away before the start".into()))?,
+        reason = lost(&mut lost_rx) => return Err(Error::Job(reason)),
+    }
+
+    // Build and start the subtasks.
+    let counters = Arc::new(Counters::default());
+    let source_positions = match &restored {
+        Some(r) => r.source_positions()?,
+        None => Vec::new(),
+    };
+    let sink_states = match &restored {
+        Some(r) => Some(r.sink_states()?),
+        None => None,
+    };
+    let all_sink_states: Vec<_> = sink_states.iter().flatten().map(|(_, s)| s.clone()).collect();
+    let mut tasks = JoinSet::new();
+    for (stage_index, stage) in plan.stages.iter().enumerate() {
+        for &j in &hosted {
+            let input = if stage_index == 0 {
+                let reader = SourceReader::open(&spec.source, stage.input_schema.clone(), j, p, max_p, &source_positions, &cfg.base_dir)?;
+                let triggers = trigger_rxs.remove(&j).ok_or_else(|| Error::Job("source triggers taken twice".into()))?;
+                Input::Source { reader, triggers }
+            } else {
+                let rxs = gates.remove(&(stage_index, j)).ok_or_else(|| Error::Job("input gate taken twice".into()))?;
+                Input::Gate(InputGate::new(format!("stage {stage_index} subtask {j}"), rxs))
+            };
+            let mut operators = Vec::new();
+            let mut schema = stage.input_schema.clone();
+            for op_plan in &stage.operators {
+                let mut op = Operator::new(op_plan, &schema, j, p, max_p)?;
+                if let (Some(r), Some(k)) = (&restored, op.as_keyed()) {
+                    for batch in r.keyed_batches(op_plan.id.as_str(), j, p).await? {
+                        k.restore(&batch)?;
+                    }
+                }
+                schema = op_plan.output_schema.clone();
+                operators.push(op);
+            }
+            let output = match &stage.output {
+                StageOutput::Sink => {
+                    let restore = sink_states.as_ref().map(|all| SinkRestore {
+                        mine: all.iter().filter(|(old, _)| old % p == j).map(|(_, s)| s.clone()).collect(),
+                        all: (j == 0).then_some(all_sink_states.as_slice()),
+                    });
+                    let sink = SinkWriter::open(&spec.sink, j, &cluster.run_id, restore, &cfg.base_dir)?;
+                    let notifications = sink_notifications.remove(&j).ok_or_else(|| Error::Job("sink notifications taken twice".into()))?;
+                    Output::Sink { sink, notifications }
+                }
+                StageOutput::Exchange { key_indices } => Output::Exchange {
+                    partitioner: Partitioner::new(key_indices.clone(), p, max_p),
+                    senders: outputs.remove(&(stage_index, j)).ok_or_else(|| Error::Job("outputs taken twice".into()))?,
+                },
+            };
+            let subtask = Subtask {
+                stage: stage_index,
+                index: j,
+                input,
+                operators,
+                output,
+                to_coordinator: to_coord.clone(),
+                storage: storage.clone(),
+                counters: counters.clone(),
+            };
+            tasks.spawn(subtask.run());
+        }
+    }
+    drop(sink_notifications);
+    tracing::info!(worker = index, subtasks = tasks.len(), "worker running");
+
+    let metrics_counters = counters.clone();
+    let metrics_tx = to_coord.clone();
+    let metrics = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let msg = ToCoordinator::Metrics {
+                records_in: metrics_counters.records_in.load(std::sync::atomic::Ordering::Relaxed),
+                records_out: metrics_counters.records_out.load(std::sync::atomic::Ordering::Relaxed),
+            };
+            if metrics_tx.send(msg).is_err() {
+                return;
+            }
+        }
+    });
+
+    let coordinator_failed = async {
+        match coordinator_task {
+            Some(t) => match t.await {
+                Ok(Ok(())) => std::future::pending().await,
+                Ok(Err(e)) => e,
+                Err(e) => Error::Job(format!("coordinator crashed: {e}")),
+            },
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(coordinator_failed);
+    loop {
+        tokio::select! {
+            joined = tasks.join_next() => match joined {
+                Some(Ok(Ok(()))) => {}
+                Some(Ok(Err(e))) => return Err(e),
+                Some(Err(e)) => return Err(Error::Job(format!("a subtask crashed: {e}"))),
+                None => break,
+            },
+            reason = lost(&mut lost_rx) => return Err(Error::Job(reason)),
+            e = &mut coordinator_failed => return Err(e),
+        }
+    }
+    // Every subtask has ended: the final checkpoint is committed here.
+    let msg = ToCoordinator::Metrics {
+        records_in: counters.records_in.load(std::sync::atomic::Ordering::Relaxed),
+        records_out: counters.records_out.load(std::sync::atomic::Ordering::Relaxed),
+    };
+    metrics.abort();
+    let _ = to_coord.send(msg);
+    let _ = to_coord.send(ToCoordinator::Finished);
+    tokio::select! {
+        biased;
+        _ = shutdown.notified() => {}
+        reason = lost(&mut lost_rx) => return Err(Error::Job(reason)),
+        e = &mut coordinator_failed => return Err(e),
+        _ = tokio::time::sleep(Duration::from_secs(30)) => return Err(Error::Job("no shutdown from the coordinator after the job finished".into())),
+    }
+    // Let the coordinator answer the last status requests of the supervisor.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    Ok(())
+}
+
+/// Why the coordinator connection was lost; never returns while it is up or
+/// after it closed normally (on shutdown).
+async fn lost(rx: &mut mpsc::Receiver<String>) -> String {
+    match rx.recv().await {
+        Some(reason) => reason,
+        None => std::future::pending().await,
+    }
+}
+
+async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener> {
+    TcpListener::bind(addr).await.map_err(Error::io(format!("cannot listen on {addr}")))
+}
+
+/// Accepts data connections and feeds each into its subtask's input channel.
+async fn accept_data(listener: TcpListener, run_id: String, routes: Routes, accepted: mpsc::UnboundedSender<Result<()>>) {
+    let routes = Arc::new(Mutex::new(routes));
+    loop {
+        let Ok((stream, peer)) = listener.accept().await else { continue };
+        let _ = stream.set_nodelay(true);
+        let routes = routes.clone();
+        let accepted = accepted.clone();
+        let run_id = run_id.clone();
+        tokio::spawn(async move {
+            let peer = peer.to_string();
+            let mut frames = FramedRead::new(stream, codec());
+            let hello = match frames.next().await {
+                Some(Ok(f)) => match decode_hello(&peer, &f) {
+                    Ok(h) => h,
+                    Err(e) => {
+                        tracing::warn!(%peer, error = %e, "rejected a data connection");
+                        return;
+                    }
+                },
+                _ => return,
+            };
+            if hello.run_id != run_id {
+                tracing::warn!(%peer, "rejected a data connection of another run");
+                return;
+            }
+            let tx = routes.lock().ok().and_then(|mut r| r.remove(&(hello.stage, hello.to, hello.from)));
+            let Some(tx) = tx else {
+                let _ = accepted.send(Err(Error::Protocol { peer, message: format!("unexpected channel {hello:?}") }));
+                return;
+            };
+            let _ = accepted.send(Ok(()));
+            let mut decoder = FrameDecoder::new(&peer);
+            while let Some(frame) = frames.next().await {
+                let msg = match frame.map_err(|e| Error::Network { peer: peer.clone(), message: e.to_string() }).and_then(|f| decoder.decode(f.freeze())) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "data connection failed");
+                        return; // dropping tx tells the subtask its input vanished
+                    }
+                };
+                let end = matches!(msg, Message::End);
+                if tx.send(msg).await.is_err() || end {
+                    return;
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,96 @@
+//! The control protocol between workers and the job's coordinator: JSON in
+//! length-delimited frames over one TCP connection per worker.
+
+use std::net::SocketAddr;
+
+use futures::{SinkExt, StreamExt};
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpStream;
+use tokio_util::codec::Framed;
+
+use crate::checkpoint::SubtaskAck;
+use crate::error::{Error, Result};
+use crate::exchange::frame::codec;
+use crate::exchange::Barrier;
+
+/// Where every process of one run of a job listens. Workers learn it from
+/// whoever starts them (the local supervisor, or the operator), never from DNS.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Cluster {
+    /// Unique per run (attempt) of the job; names its output files and
+    /// keeps connections of an earlier attempt out.
+    pub run_id: String,
+    /// The data address of each worker, by index.
+    pub workers: Vec<SocketAddr>,
+    /// The coordinator's control address (hosted by worker 0).
+    pub coordinator: SocketAddr,
+    /// The HTTP control API (hosted by worker 0).
+    pub api: SocketAddr,
+}
+
+impl Cluster {
+    /// Subtask `subtask` of every stage runs in worker `subtask % workers` (slot sharing).
+    pub fn worker_of(&self, subtask: u32) -> u32 {
+        subtask % self.workers.len() as u32
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ToCoordinator {
+    Hello { worker: u32, run_id: String },
+    Ready,
+    Ack { checkpoint_id: u64, ack: SubtaskAck },
+    Decline { checkpoint_id: u64, reason: String },
+    SourceFinished { subtask: u32 },
+    Metrics { records_in: u64, records_out: u64 },
+    Finished,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ToWorker {
+    Start,
+    Trigger(Barrier),
+    Complete { checkpoint_id: u64 },
+    Abort { checkpoint_id: u64 },
+    Shutdown,
+}
+
+pub type ControlStream = Framed<TcpStream, tokio_util::codec::LengthDelimitedCodec>;
+
+pub fn framed(stream: TcpStream) -> ControlStream {
+    let _ = stream.set_nodelay(true);
+    Framed::new(stream, codec())
+}
+
+pub async fn send<T: Serialize>(conn: &mut ControlStream, msg: &T, peer: &str) -> Result<()> {
+    let bytes = serde_json::to_vec(msg).map_err(|e| Error::Protocol { peer: peer.into(), message: e.to_string() })?;
+    conn.send(bytes::Bytes::from(bytes)).await.map_err(|e| Error::Network { peer: peer.into(), message: e.to_string() })
+}
+
+/// The next message; `None` when the peer closed the connection.
+pub async fn recv<T: for<'de> Deserialize<'de>>(conn: &mut ControlStream, peer: &str) -> Result<Option<T>> {
+    match conn.next().await {
+        None => Ok(None),
+        Some(Err(e)) => Err(Error::Network { peer: peer.into(), message: e.to_string() }),
+        Some(Ok(frame)) => serde_json::from_slice(&frame)
+            .map(Some)
+            .map_err(|e| Error::Protocol { peer: peer.into(), message: format!("bad control message: {e}") }),
+    }
+}
+
+/// Connects, retrying while the peer is starting.
+pub async fn connect(addr: SocketAddr, within: std::time::Duration) -> Result<TcpStream> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match TcpStream::connect(addr).await {
+            Ok(s) => {
+                let _ = s.set_nodelay(true);
+                return Ok(s);
+            }
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                return Err(Error::Network { peer: addr.to_string(), message: format!("cannot connect: {e}") })
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+        }
+    }
+}

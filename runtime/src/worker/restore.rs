@@ -1,0 +1,102 @@
+//! Handing the state of a checkpoint to the subtasks of a new run, possibly
+//! at another parallelism: source splits go to their new owners, keyed state
+//! is read by key group range, pending sink files go to `old % new` (and
+//! subtask 0 sees them all, to clean up).
+
+use std::io::Cursor;
+
+use arrow::array::RecordBatch;
+use arrow::ipc::reader::FileReader;
+use arrow::ipc::writer::FileWriter;
+
+use crate::checkpoint::{CheckpointMetadata, Location};
+use crate::error::{Error, Result};
+use crate::key_group::groups_of_subtask;
+use crate::plan::{JobPlan, SINK_ID, SOURCE_ID};
+use crate::sink::FileSinkState;
+use crate::source::SourcePositions;
+
+pub struct RestoredState {
+    pub meta: CheckpointMetadata,
+    pub location: Location,
+}
+
+impl RestoredState {
+    pub async fn load(location: Location) -> Result<Self> {
+        let meta = location.read_metadata().await?;
+        Ok(RestoredState { meta, location })
+    }
+
+    /// Checks that this checkpoint can be restored into `plan`.
+    pub fn check_compatible(&self, plan: &JobPlan, allow_non_restored_state: bool) -> Result<()> {
+        let bad = |message: String| Error::BadCheckpoint { location: self.location.display.clone(), message };
+        if self.meta.max_parallelism != plan.spec.max_parallelism {
+            return Err(bad(format!(
+                "it was taken with max_parallelism {} but the pipeline says {}: max_parallelism is fixed for the life of a job",
+                self.meta.max_parallelism, plan.spec.max_parallelism
+            )));
+        }
+        let known = plan.stateful_operator_ids();
+        let unknown: Vec<&String> = self.meta.operators.keys().filter(|id| !known.contains(id)).collect();
+        if !unknown.is_empty() && !allow_non_restored_state {
+            return Err(bad(format!(
+                "it has state for {} that the pipeline no longer has; restore with --allow-non-restored-state to drop that state",
+                unknown.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ")
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn source_positions(&self) -> Result<Vec<SourcePositions>> {
+        self.inline_states(SOURCE_ID).map(|v| v.into_iter().map(|(_, s)| s).collect())
+    }
+
+    /// Every old sink subtask's state, with its old subtask index.
+    pub fn sink_states(&self) -> Result<Vec<(u32, FileSinkState)>> {
+        self.inline_states(SINK_ID)
+    }
+
+    fn inline_states<T: for<'de> serde::Deserialize<'de>>(&self, op: &str) -> Result<Vec<(u32, T)>> {
+        let mut out = Vec::new();
+        for s in self.meta.operators.get(op).into_iter().flatten() {
+            if let Some(v) = &s.inline {
+                let parsed = serde_json::from_value(v.clone()).map_err(|e| Error::BadCheckpoint {
+                    location: self.location.display.clone(),
+                    message: format!("state of `{op}` subtask {} cannot be read: {e}", s.subtask),
+                })?;
+                out.push((s.subtask, parsed));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The keyed-state batches whose key group ranges overlap `subtask`'s.
+    pub async fn keyed_batches(&self, op: &str, subtask: u32, parallelism: u32) -> Result<Vec<RecordBatch>> {
+        let max = self.meta.max_parallelism;
+        let mine = groups_of_subtask(subtask, parallelism, max);
+        let mut out = Vec::new();
+        for s in self.meta.operators.get(op).into_iter().flatten() {
+            let Some(file) = &s.file else { continue };
+            let theirs = groups_of_subtask(s.subtask, self.meta.parallelism, max);
+            if theirs.end() < mine.start() || theirs.start() > mine.end() {
+                continue;
+            }
+            let bytes = self.location.read_state_file(file).await?;
+            out.extend(decode_state(&format!("{}/{}", self.location.display, file.name), bytes.to_vec())?);
+        }
+        Ok(out)
+    }
+}
+
+pub fn encode_state(batch: &RecordBatch) -> Result<Vec<u8>> {
+    let mut w = FileWriter::try_new(Vec::new(), &batch.schema()).map_err(Error::arrow("encoding state"))?;
+    w.write(batch).map_err(Error::arrow("encoding state"))?;
+    w.finish().map_err(Error::arrow("encoding state"))?;
+    w.into_inner().map_err(Error::arrow("encoding state"))
+}
+
+pub fn decode_state(location: &str, bytes: Vec<u8>) -> Result<Vec<RecordBatch>> {
+    let bad = |e: arrow::error::ArrowError| Error::BadCheckpoint { location: location.into(), message: format!("state file cannot be decoded: {e}") };
+    let reader = FileReader::try_new(Cursor::new(bytes), None).map_err(bad)?;
+    reader.collect::<Result<Vec<_>, _>>().map_err(bad)
+}

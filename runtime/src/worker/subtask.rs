@@ -1,0 +1,267 @@
+//! One subtask: its input (a source, or an input gate over upstream
+//! channels), its chained operators, and its output (an exchange, or the
+//! sink), driven by one loop.
+//!
+//! At an aligned barrier the subtask copies its operators' state (the only
+//! synchronous part), pre-commits its sink, forwards the barrier downstream,
+//! and writes the state out in a separate task that acknowledges the
+//! checkpoint to the coordinator when done; records keep flowing meanwhile.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use tokio::sync::{broadcast, mpsc};
+
+use super::gate::{GateEvent, InputGate};
+use super::protocol::ToCoordinator;
+use super::restore::encode_state;
+use crate::checkpoint::{CheckpointStorage, OperatorSubtaskState, SubtaskAck};
+use crate::error::{Error, Result};
+use crate::exchange::partition::Partitioner;
+use crate::exchange::{Barrier, Message};
+use crate::operator::Operator;
+use crate::plan::{SINK_ID, SOURCE_ID};
+use crate::sink::SinkWriter;
+use crate::source::{Poll, SourceReader};
+
+#[derive(Default)]
+pub struct Counters {
+    pub records_in: AtomicU64,
+    pub records_out: AtomicU64,
+}
+
+/// What the coordinator tells sinks.
+#[derive(Debug, Clone)]
+pub enum Notification {
+    Complete(u64),
+    Abort(u64),
+}
+
+
+
+pub enum Input {
+    Source { reader: SourceReader, triggers: mpsc::UnboundedReceiver<Barrier> },
+    Gate(InputGate),
+}
+
+pub enum Output {
+    Exchange { partitioner: Partitioner, senders: Vec<mpsc::Sender<Message>> },
+    Sink { sink: SinkWriter, notifications: broadcast::Receiver<Notification> },
+}
+
+pub struct Subtask {
+    pub stage: usize,
+    pub index: u32,
+    pub input: Input,
+    pub operators: Vec<Operator>,
+    pub output: Output,
+    pub to_coordinator: mpsc::UnboundedSender<ToCoordinator>,
+    pub storage: CheckpointStorage,
+    pub counters: Arc<Counters>,
+}
+
+enum Event {
+    Batch(RecordBatch),
+    Barrier(Barrier),
+    End,
+    Notification(Notification),
+    SourceFinished,
+    /// A rate-limited source may emit again.
+    Idle,
+}
+
+impl Subtask {
+    fn name(&self) -> String {
+        format!("stage {} subtask {}", self.stage, self.index)
+    }
+
+    pub async fn run(mut self) -> Result<()> {
+        let mut source_done = false;
+        let mut final_barrier: Option<u64> = None;
+        let mut input_ended = false;
+        loop {
+            let ev = self.next_event(&mut source_done, input_ended).await?;
+            match ev {
+                Event::Batch(b) => self.process(b).await?,
+                Event::Idle => {}
+                Event::SourceFinished => {
+                    let _ = self.to_coordinator.send(ToCoordinator::SourceFinished { subtask: self.index });
+                }
+                Event::Barrier(b) => {
+                    let is_final = b.is_final;
+                    let id = b.checkpoint_id;
+                    self.on_barrier(b).await?;
+                    if is_final {
+                        final_barrier = Some(id);
+                        if let Input::Source { .. } = self.input {
+                            self.end().await?;
+                            input_ended = true;
+                        }
+                    }
+                }
+                Event::End => {
+                    self.end().await?;
+                    input_ended = true;
+                }
+                Event::Notification(n) => {
+                    if let Output::Sink { sink, .. } = &mut self.output {
+                        if let Notification::Complete(id) = n {
+                            sink.commit(id)?;
+                            if input_ended && final_barrier.is_some_and(|f| f <= id) {
+                                return Ok(());
+                            }
+                        }
+                    }
+                }
+            }
+            if input_ended && !matches!(self.output, Output::Sink { .. }) {
+                return Ok(());
+            }
+        }
+    }
+
+    async fn next_event(&mut self, source_done: &mut bool, input_ended: bool) -> Result<Event> {
+        let notifications = match &mut self.output {
+            Output::Sink { notifications, .. } => Some(notifications),
+            _ => None,
+        };
+        let input = &mut self.input;
+        let input_next = async {
+            if input_ended {
+                return std::future::pending::<Result<Event>>().await;
+            }
+            match input {
+                Input::Gate(g) => Ok(match g.next().await? {
+                    GateEvent::Batch(b) => Event::Batch(b),
+                    GateEvent::Barrier(b) => Event::Barrier(b),
+                    GateEvent::End => Event::End,
+                }),
+                Input::Source { reader, triggers } => {
+                    if let Ok(b) = triggers.try_recv() {
+                        return Ok(Event::Barrier(b));
+                    }
+                    let lost = || Error::Job("the coordinator went away".into());
+                    if *source_done {
+                        return triggers.recv().await.map(Event::Barrier).ok_or_else(lost);
+                    }
+                    match reader.poll()? {
+                        Poll::Batch(b) => Ok(Event::Batch(b)),
+                        Poll::Finished => {
+                            *source_done = true;
+                            Ok(Event::SourceFinished)
+                        }
+                        Poll::Wait(d) => tokio::select! {
+                            t = triggers.recv() => t.map(Event::Barrier).ok_or_else(lost),
+                            _ = tokio::time::sleep(d) => Ok(Event::Idle),
+                        },
+                    }
+                }
+            }
+        };
+        match notifications {
+            None => input_next.await,
+            Some(rx) => tokio::select! {
+                biased;
+                n = rx.recv() => match n {
+                    Ok(n) => Ok(Event::Notification(n)),
+                    // A lagged receiver missed some notifications; a later
+                    // Complete commits everything up to its id anyway.
+                    Err(broadcast::error::RecvError::Lagged(_)) => Ok(Event::Notification(Notification::Abort(0))),
+                    Err(broadcast::error::RecvError::Closed) => Err(Error::Job("the coordinator went away".into())),
+                },
+                ev = input_next => ev,
+            },
+        }
+    }
+
+    async fn process(&mut self, batch: RecordBatch) -> Result<()> {
+        if let Input::Source { .. } = self.input {
+            self.counters.records_in.fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+        }
+        let mut current = Some(batch);
+        for op in &mut self.operators {
+            let Some(b) = current.take() else { break };
+            current = op.process(b)?;
+        }
+        let Some(batch) = current else { return Ok(()) };
+        match &mut self.output {
+            Output::Exchange { partitioner, senders } => {
+                for (target, part) in partitioner.split(&batch)? {
+                    senders[target]
+                        .send(Message::Batch(part))
+                        .await
+                        .map_err(|_| Error::Job(format!("stage {} subtask {}: downstream {target} went away", self.stage, self.index)))?;
+                }
+            }
+            Output::Sink { sink, .. } => {
+                self.counters.records_out.fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+                sink.write(&batch)?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn on_barrier(&mut self, barrier: Barrier) -> Result<()> {
+        let mut inline: Vec<(String, OperatorSubtaskState)> = Vec::new();
+        if let Input::Source { reader, .. } = &self.input {
+            let positions = serde_json::to_value(reader.positions()).map_err(|e| Error::Job(e.to_string()))?;
+            inline.push((SOURCE_ID.into(), OperatorSubtaskState { subtask: self.index, inline: Some(positions), file: None }));
+        }
+        // The synchronous part: copies of keyed state.
+        let mut keyed = Vec::new();
+        for op in &mut self.operators {
+            if let Some(k) = op.as_keyed() {
+                keyed.push((k.id().to_string(), k.snapshot()?));
+            }
+        }
+        let name = self.name();
+        match &mut self.output {
+            Output::Sink { sink, .. } => {
+                if let Some(state) = sink.pre_commit(barrier.checkpoint_id)? {
+                    let v = serde_json::to_value(state).map_err(|e| Error::Job(e.to_string()))?;
+                    inline.push((SINK_ID.into(), OperatorSubtaskState { subtask: self.index, inline: Some(v), file: None }));
+                }
+            }
+            Output::Exchange { senders, .. } => {
+                for s in senders.iter() {
+                    s.send(Message::Barrier(barrier.clone()))
+                        .await
+                        .map_err(|_| Error::Job(format!("{name}: downstream went away")))?;
+                }
+            }
+        }
+        // The asynchronous part: write state files, then acknowledge.
+        let dir = self.storage.dir(&barrier.dir);
+        let to_coordinator = self.to_coordinator.clone();
+        let (stage, index, id) = (self.stage, self.index, barrier.checkpoint_id);
+        tokio::spawn(async move {
+            let mut operators = inline;
+            for (op, batch) in keyed {
+                let written = async {
+                    let bytes = encode_state(&batch)?;
+                    dir.put_state_file(&format!("{op}-{index}.arrow"), bytes).await
+                }
+                .await;
+                match written {
+                    Ok(file) => operators.push((op, OperatorSubtaskState { subtask: index, inline: None, file: Some(file) })),
+                    Err(e) => {
+                        let _ = to_coordinator.send(ToCoordinator::Decline { checkpoint_id: id, reason: format!("stage {stage} subtask {index}: {e}") });
+                        return;
+                    }
+                }
+            }
+            let _ = to_coordinator.send(ToCoordinator::Ack { checkpoint_id: id, ack: SubtaskAck { stage, subtask: index, operators } });
+        });
+        Ok(())
+    }
+
+    async fn end(&mut self) -> Result<()> {
+        if let Output::Exchange { senders, .. } = &self.output {
+            for s in senders {
+                let _ = s.send(Message::End).await;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,110 @@
+//! Bad input gets a clear error naming the file, field or setting, a non-zero
+//! exit, and leaves the state directory and the output untouched.
+
+mod common;
+
+use common::*;
+
+fn run_pipeline(yaml: &str, extra: &[&str]) -> (tempfile::TempDir, std::process::Output) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.yaml"), yaml).unwrap();
+    let out = std::process::Command::new(WEIR).current_dir(dir.path()).args(["run", "p.yaml"]).args(extra).output().unwrap();
+    (dir, out)
+}
+
+const GOOD: &str = "name: t\nsource:\n  generator: {events: 10}\nsteps:\n  - key_by: key\n  - running_count: count\nsink:\n  file: {path: out}\n";
+
+#[test]
+fn malformed_yaml_names_the_file_and_line() {
+    let (_d, out) = run_pipeline("name: t\nsource: [\n  generator\n", &[]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("p.yaml") && err.contains("line"), "{err}");
+}
+
+#[test]
+fn an_unknown_step_lists_the_known_ones() {
+    let (_d, out) = run_pipeline(&GOOD.replace("running_count: count", "running_median: count"), &[]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("unknown step `running_median`") && err.contains("running_count") && err.contains("line 6"), "{err}");
+}
+
+#[test]
+fn parallelism_zero_is_rejected_in_the_file_and_on_the_command_line() {
+    let (_d, out) = run_pipeline(&format!("parallelism: 0\n{GOOD}"), &[]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("p.yaml:1: parallelism: expected an integer of at least 1"), "{}", stderr(&out));
+    let (_d, out) = run_pipeline(GOOD, &["--parallelism", "0"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--parallelism 0"), "{}", stderr(&out));
+}
+
+#[test]
+fn an_expression_on_a_missing_field_names_the_step() {
+    let (_d, out) = run_pipeline(&GOOD.replace("  - key_by: key\n", "  - filter: valu > 3\n  - key_by: key\n"), &[]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("p.yaml:5: steps[0].filter") && err.contains("valu"), "{err}");
+}
+
+#[test]
+fn a_state_dir_that_cannot_be_written_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.yaml"), GOOD).unwrap();
+    std::fs::write(dir.path().join("a-file"), "not a directory").unwrap();
+    let out = std::process::Command::new(WEIR).current_dir(dir.path()).args(["run", "p.yaml", "--state-dir", "a-file/state"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("state directory a-file/state"), "{err}");
+    assert_eq!(std::fs::read_to_string(dir.path().join("a-file")).unwrap(), "not a directory");
+}
+
+#[test]
+fn restore_from_something_that_is_not_a_checkpoint_fails_clearly() {
+    let (dir, out) = run_pipeline(GOOD, &["--restore", "nowhere"]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("is not a usable checkpoint") && err.contains("_metadata"), "{err}");
+    std::fs::create_dir(dir.path().join("empty")).unwrap();
+    let out = std::process::Command::new(WEIR).current_dir(dir.path()).args(["run", "p.yaml", "--restore", "empty"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("no _metadata file"), "{}", stderr(&out));
+}
+
+/// A completed run leaves a checkpoint; then its metadata is damaged.
+fn damaged_latest(damage: impl Fn(&mut Vec<u8>)) {
+    let job = Job::counting(2, 5_000, 10, 0, "50ms");
+    let out = job.run(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let latest = std::fs::read_to_string(job.path("state/eo-test/checkpoints/_latest")).unwrap();
+    let meta_path = job.path(&format!("state/eo-test/{}/_metadata", latest.trim()));
+    let mut bytes = std::fs::read(&meta_path).unwrap();
+    damage(&mut bytes);
+    std::fs::write(&meta_path, &bytes).unwrap();
+    let state_before = snapshot_tree(&job.path("state"));
+    let out_before = snapshot_tree(&job.path("out"));
+    let out = job.run(&["--restore", "latest"]);
+    assert!(!out.status.success(), "restoring a damaged checkpoint succeeded");
+    let err = stderr(&out);
+    assert!(err.contains(latest.trim()) && (err.contains("truncated") || err.contains("corrupted")), "{err}");
+    assert_eq!(snapshot_tree(&job.path("out")), out_before, "the output changed");
+    let mut state_after = snapshot_tree(&job.path("state"));
+    state_after.retain(|p, _| !p.ends_with("run.json"));
+    let mut before = state_before;
+    before.retain(|p, _| !p.ends_with("run.json"));
+    assert_eq!(state_after, before, "the state directory changed");
+}
+
+#[test]
+fn a_truncated_checkpoint_metadata_is_reported_and_nothing_is_touched() {
+    damaged_latest(|b| b.truncate(b.len() / 2));
+}
+
+#[test]
+fn a_corrupted_checkpoint_metadata_is_reported_and_nothing_is_touched() {
+    damaged_latest(|b| {
+        let i = b.iter().position(|&c| c == b'"').unwrap();
+        b[i + 1] ^= 0x20;
+    });
+}

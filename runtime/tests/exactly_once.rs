@@ -1,0 +1,154 @@
+//! Exactly-once under failure: worker processes and whole `weir run` process
+//! trees are killed with SIGKILL at random moments, and the committed output
+//! must equal what a failure-free run gives.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use rand::Rng;
+
+/// Kills a random worker of the current run `kills` times, at random moments;
+/// every other kill waits for a checkpoint to be in progress first.
+fn kill_workers_while_running(job: &Job, child: &mut std::process::Child, kills: usize) -> usize {
+    let mut rng = rand::rng();
+    let mut done = 0;
+    let mut last_run = String::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while done < kills && Instant::now() < deadline {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(rng.random_range(150..600)));
+        let Some((pids, run)) = job.worker_pids() else { continue };
+        if run == last_run || pids.is_empty() {
+            continue; // wait for the restarted run
+        }
+        if done % 2 == 1 {
+            // Aim at a checkpoint in flight: status says so through the control API.
+            let until = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < until {
+                let out = std::process::Command::new(WEIR).current_dir(job.dir.path()).args(["status", "--state-dir", "state"]).output().unwrap();
+                if String::from_utf8_lossy(&out.stdout).contains("\"checkpoint_in_progress\": ") && !String::from_utf8_lossy(&out.stdout).contains("\"checkpoint_in_progress\": null") {
+                    break;
+                }
+            }
+        }
+        let victim = pids[rng.random_range(0..pids.len())];
+        kill(victim);
+        last_run = run;
+        done += 1;
+    }
+    done
+}
+
+fn worker_kills_keep_exactly_once(parallelism: u32) {
+    let job = Job::counting(parallelism, 120_000, 97, 30_000, "150ms");
+    let mut child = job.spawn(&[]);
+    let kills = kill_workers_while_running(&job, &mut child, 4);
+    let out = wait_with_timeout(child, Duration::from_secs(180));
+    assert!(out.status.success(), "weir run failed:\n{}", stderr(&out));
+    assert!(kills >= 2, "only {kills} kills happened before the job ended");
+    let err = stderr(&out);
+    assert!(err.contains("restarting"), "no restart was reported:\n{err}");
+    job.assert_exactly_once();
+}
+
+#[test]
+fn worker_kills_keep_exactly_once_at_parallelism_1() {
+    worker_kills_keep_exactly_once(1);
+}
+
+#[test]
+fn worker_kills_keep_exactly_once_at_parallelism_2() {
+    worker_kills_keep_exactly_once(2);
+}
+
+#[test]
+fn worker_kills_keep_exactly_once_at_parallelism_4() {
+    worker_kills_keep_exactly_once(4);
+}
+
+/// Kills the whole process tree of `weir run` a few times and resumes each
+/// time with `--restore latest` (and, with `rescale`, at another parallelism).
+fn tree_kills_keep_exactly_once(parallelism: u32, rescale: Option<&str>) {
+    let job = Job::counting(parallelism, 90_000, 53, 30_000, "200ms");
+    let mut rng = rand::rng();
+    let mut restore_args: Vec<&str> = Vec::new();
+    for round in 0..3 {
+        let child = job.spawn(&restore_args);
+        std::thread::sleep(Duration::from_millis(rng.random_range(600..1400)));
+        kill_group(child.id());
+        let out = child.wait_with_output().unwrap();
+        assert!(!out.status.success(), "round {round}: the job ended before it was killed; make it longer");
+        restore_args = vec!["--restore", "latest"];
+        if let (Some(p), 1) = (rescale, round) {
+            restore_args.extend(["--parallelism", p]);
+        }
+    }
+    let out = wait_with_timeout(job.spawn(&restore_args), Duration::from_secs(180));
+    assert!(out.status.success(), "final run failed:\n{}", stderr(&out));
+    assert!(stderr(&out).contains("restoring `eo-test` from checkpoint"), "{}", stderr(&out));
+    job.assert_exactly_once();
+    let leftovers: Vec<_> = std::fs::read_dir(job.path("out/eo")).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with('.')).collect();
+    assert!(leftovers.is_empty(), "in-progress files left after the job finished: {leftovers:?}");
+}
+
+#[test]
+fn whole_tree_kills_then_restore_latest_keep_exactly_once_at_parallelism_2() {
+    tree_kills_keep_exactly_once(2, None);
+}
+
+#[test]
+fn whole_tree_kills_then_restore_latest_at_another_parallelism_keep_exactly_once() {
+    tree_kills_keep_exactly_once(3, Some("2"));
+}
+
+#[test]
+fn a_failure_free_run_commits_every_event_once_and_exits_zero() {
+    let job = Job::counting(3, 20_000, 10, 0, "100ms");
+    let out = job.run(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    job.assert_exactly_once();
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["records_in"], 20_000);
+    assert_eq!(summary["records_out"], 20_000);
+}
+
+#[test]
+fn restore_latest_without_a_checkpoint_starts_fresh_and_says_so() {
+    let job = Job::counting(1, 1_000, 10, 0, "1s");
+    let out = job.run(&["--restore", "latest"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("starting fresh"), "{}", stderr(&out));
+    job.assert_exactly_once();
+}
+
+#[test]
+fn a_savepoint_of_a_running_job_is_listed_and_restorable() {
+    let job = Job::counting(2, 60_000, 20, 20_000, "300ms");
+    let child = job.spawn(&[]);
+    let start = Instant::now();
+    let path = loop {
+        assert!(start.elapsed() < Duration::from_secs(30), "no savepoint could be taken");
+        std::thread::sleep(Duration::from_millis(300));
+        let out = std::process::Command::new(WEIR).current_dir(job.dir.path()).args(["savepoint", "--state-dir", "state"]).output().unwrap();
+        if out.status.success() {
+            break String::from_utf8_lossy(&out.stdout).trim().to_string();
+        }
+    };
+    assert!(std::path::Path::new(&path).join("_metadata").exists(), "{path}");
+    let list = std::process::Command::new(WEIR).current_dir(job.dir.path()).args(["checkpoints", "list", "--state-dir", "state"]).output().unwrap();
+    let table = String::from_utf8_lossy(&list.stdout);
+    assert!(table.lines().any(|l| l.contains("savepoint") && l.contains("complete") && l.contains(&path)), "{table}");
+    kill_group(child.id());
+    let _ = child.wait_with_output();
+    let out = job.run(&["--restore", &path]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("from savepoint"), "{}", stderr(&out));
+    // Restoring an older snapshot replays what came after it: every event is
+    // there, and the savepoint's own state continues the counts.
+    let seqs: std::collections::HashSet<i64> = job.committed_lines().iter().map(|l| l["seq"].as_i64().unwrap()).collect();
+    assert_eq!(seqs.len(), 60_000);
+}
