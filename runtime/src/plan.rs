@@ -69,6 +69,12 @@ pub struct RunningPlan {
     pub output_type: DataType,
 }
 
+impl std::fmt::Debug for JobPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobPlan").field("job", &self.spec.name).field("stages", &self.stages.len()).finish()
+    }
+}
+
 impl JobPlan {
     pub fn stage_count(&self) -> usize {
         self.stages.len()

@@ -74,7 +74,6 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
     let plan_for_checks = plan::plan(&spec, &src)?;
     let storage = CheckpointStorage::open(&opts.state_dir, &spec.name, true)?;
     storage.check_writable().await?;
-    storage.job_root.delete(crate::checkpoint::coordinator::FINAL_STATUS).await?;
     let base_dir = std::env::current_dir().map_err(Error::io("current directory"))?;
 
     let mut restore: Option<Location> = match &opts.restore {
@@ -114,6 +113,8 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
     );
     eprintln!("state: {}", storage.job_root.display);
 
+    // Everything is checked: from here on the state directory belongs to this run.
+    storage.job_root.delete(crate::checkpoint::coordinator::FINAL_STATUS).await?;
     let token = random_hex(16);
     let mut progress = Progress::new();
     let mut restarts = 0u32;

@@ -27,8 +27,11 @@ pub struct FileReader {
     splits: Vec<Split>,
     current: Option<(usize, BufReader<File>)>,
     decoder: Decoder,
+    schema: SchemaRef,
     batch_size: usize,
-    line: Vec<u8>,
+    /// The lines of the batch being read, and where each starts in the file.
+    lines: Vec<u8>,
+    starts: Vec<(u64, usize)>,
 }
 
 fn list_files(path: &Path) -> Result<Vec<PathBuf>> {
@@ -72,11 +75,11 @@ impl FileReader {
             let offset = positions.get(&id).copied().unwrap_or(0);
             splits.push(Split { id, path, offset, done: false });
         }
-        let decoder = ReaderBuilder::new(schema)
+        let decoder = ReaderBuilder::new(schema.clone())
             .with_batch_size(spec.batch_size as usize)
             .build_decoder()
             .map_err(Error::arrow("file source: schema"))?;
-        Ok(FileReader { splits, current: None, decoder, batch_size: spec.batch_size as usize, line: Vec::new() })
+        Ok(FileReader { splits, current: None, decoder, schema, batch_size: spec.batch_size as usize, lines: Vec::new(), starts: Vec::new() })
     }
 
     pub fn poll(&mut self) -> Result<Poll> {
@@ -92,12 +95,13 @@ impl FileReader {
                     continue;
                 }
             };
-            let mut rows = 0;
-            while rows < self.batch_size {
-                self.line.clear();
+            self.lines.clear();
+            self.starts.clear();
+            while self.starts.len() < self.batch_size {
                 let split = &mut self.splits[i];
+                let before = self.lines.len();
                 let n = reader
-                    .read_until(b'\n', &mut self.line)
+                    .read_until(b'\n', &mut self.lines)
                     .map_err(|e| Error::SourceFile { path: split.path.clone(), message: e.to_string() })?;
                 if n == 0 {
                     split.done = true;
@@ -105,18 +109,22 @@ impl FileReader {
                 }
                 let start = split.offset;
                 split.offset += n as u64;
-                if self.line.iter().all(|b| b.is_ascii_whitespace()) {
+                if self.lines[before..].iter().all(|b| b.is_ascii_whitespace()) {
+                    self.lines.truncate(before);
                     continue;
                 }
-                self.decoder.decode(&self.line).map_err(|e| Error::SourceFile {
-                    path: split.path.clone(),
-                    message: format!("line at byte {start}: {e}"),
-                })?;
-                rows += 1;
+                if self.lines.last() != Some(&b'\n') {
+                    self.lines.push(b'\n');
+                }
+                self.starts.push((start, before));
             }
             let split = &self.splits[i];
             let done = split.done;
-            let batch = self.decoder.flush().map_err(|e| Error::SourceFile { path: split.path.clone(), message: e.to_string() })?;
+            let decoded = self.decoder.decode(&self.lines).and_then(|_| self.decoder.flush());
+            let batch = match decoded {
+                Ok(b) => b,
+                Err(e) => return Err(self.locate_bad_line(i, e)),
+            };
             if done {
                 self.current = None;
             }
@@ -126,6 +134,19 @@ impl FileReader {
                 }
             }
         }
+    }
+
+    /// Finds which line of the failed batch is bad, to name its byte offset.
+    fn locate_bad_line(&self, split: usize, batch_error: arrow::error::ArrowError) -> Error {
+        let path = self.splits[split].path.clone();
+        for (k, &(offset, at)) in self.starts.iter().enumerate() {
+            let end = self.starts.get(k + 1).map(|&(_, next)| next).unwrap_or(self.lines.len());
+            let Ok(mut one) = ReaderBuilder::new(self.schema.clone()).build_decoder() else { break };
+            if let Err(e) = one.decode(&self.lines[at..end]).and_then(|_| one.flush()) {
+                return Error::SourceFile { path, message: format!("line at byte {offset}: {e}") };
+            }
+        }
+        Error::SourceFile { path, message: batch_error.to_string() }
     }
 
     pub fn positions(&self) -> SourcePositions {

@@ -36,6 +36,7 @@ pub enum SourceReader {
 }
 
 /// What to do next.
+#[derive(Debug)]
 pub enum Poll {
     Batch(RecordBatch),
     /// Rate-limited: nothing may be emitted before this much time has passed.
