@@ -106,7 +106,9 @@ enum CheckpointsCommand {
 }
 
 fn init_tracing(json: bool) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // On a terminal the progress line says what the info logs would; keep it clean.
+    let default = if std::io::IsTerminal::is_terminal(&std::io::stderr()) && !json { "warn" } else { "info" };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     if json {
         builder.json().init();
