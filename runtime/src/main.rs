@@ -109,7 +109,8 @@ fn init_tracing(json: bool) {
     // On a terminal the progress line says what the info logs would; keep it clean.
     let default = if std::io::IsTerminal::is_terminal(&std::io::stderr()) && !json { "warn" } else { "info" };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     if json {
         builder.json().init();
     } else {
