@@ -389,3 +389,62 @@ impl Coordinator {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::JobStatus;
+    use crate::worker::protocol::{connect, framed, recv, send};
+    use std::sync::{Arc, Mutex};
+
+    /// Plays one worker hosting the only subtask, against a real coordinator.
+    #[tokio::test]
+    async fn a_checkpoint_that_times_out_is_abandoned_and_the_next_one_completes() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = CheckpointStorage::open(dir.path().to_str().unwrap(), "job", true).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cfg = CoordinatorConfig {
+            job: "job".into(),
+            run_id: "r".into(),
+            parallelism: 1,
+            max_parallelism: 8,
+            stages: 1,
+            workers: 1,
+            interval: Duration::from_millis(50),
+            timeout: Duration::from_millis(200),
+            retain: 3,
+            storage: storage.clone(),
+        };
+        let status = Arc::new(Mutex::new(JobStatus::default()));
+        let (_api_tx, api_rx) = mpsc::channel(1);
+        let coordinator = tokio::spawn(run(cfg, listener, api_rx, status.clone()));
+
+        let mut conn = framed(connect(addr, Duration::from_secs(5)).await.unwrap());
+        send(&mut conn, &ToCoordinator::Hello { worker: 0, run_id: "r".into() }, "c").await.unwrap();
+        send(&mut conn, &ToCoordinator::Ready, "c").await.unwrap();
+        assert!(matches!(recv::<ToWorker>(&mut conn, "c").await.unwrap(), Some(ToWorker::Start)));
+        let Some(ToWorker::Trigger(first)) = recv::<ToWorker>(&mut conn, "c").await.unwrap() else { panic!("no trigger") };
+        // No acknowledgement: the checkpoint must be abandoned, not waited for forever.
+        let abandoned = recv::<ToWorker>(&mut conn, "c").await.unwrap();
+        assert!(matches!(abandoned, Some(ToWorker::Abort { checkpoint_id }) if checkpoint_id == first.checkpoint_id), "{abandoned:?}");
+        let Some(ToWorker::Trigger(second)) = recv::<ToWorker>(&mut conn, "c").await.unwrap() else { panic!("no second trigger") };
+        assert!(second.checkpoint_id > first.checkpoint_id);
+        let ack = SubtaskAck { stage: 0, subtask: 0, operators: vec![] };
+        send(&mut conn, &ToCoordinator::Ack { checkpoint_id: second.checkpoint_id, ack }, "c").await.unwrap();
+        let done = recv::<ToWorker>(&mut conn, "c").await.unwrap();
+        assert!(matches!(done, Some(ToWorker::Complete { checkpoint_id }) if checkpoint_id == second.checkpoint_id), "{done:?}");
+        let latest = storage.latest().await.unwrap().unwrap();
+        assert_eq!(latest.read_metadata().await.unwrap().checkpoint_id, second.checkpoint_id);
+        {
+            let st = status.lock().unwrap();
+            assert_eq!(st.checkpoints_failed, 1);
+            assert_eq!(st.checkpoints_completed, 1);
+            assert!(st.last_checkpoint_failure.as_deref().unwrap_or("").contains("not complete after"));
+        }
+        // Losing the worker ends the run with an error the supervisor acts on.
+        drop(conn);
+        let result = tokio::time::timeout(Duration::from_secs(5), coordinator).await.unwrap().unwrap();
+        assert!(result.unwrap_err().to_string().contains("worker 0 was lost"));
+    }
+}
