@@ -96,7 +96,11 @@ impl FrameDecoder {
                 let mut buf = Buffer::from(body);
                 let mut batch: Option<RecordBatch> = None;
                 while !buf.is_empty() {
-                    if let Some(b) = self.ipc.decode(&mut buf).map_err(|e| bad(format!("bad record batch: {e}")))? {
+                    // Arrow's IPC reader validates what it reads, but a frame
+                    // from the network must never take the process down.
+                    let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.ipc.decode(&mut buf)))
+                        .map_err(|_| bad("undecodable record batch".into()))?;
+                    if let Some(b) = decoded.map_err(|e| bad(format!("bad record batch: {e}")))? {
                         batch = Some(b);
                     }
                 }

@@ -195,7 +195,8 @@ pub async fn run(cfg: WorkerConfig) -> Result<()> {
     }
     let expected_remote = remote_routes.len();
     let (accepted_tx, mut accepted_rx) = mpsc::unbounded_channel::<Result<()>>();
-    tokio::spawn(accept_data(data_listener, cluster.run_id.clone(), remote_routes, accepted_tx));
+    let input_schemas: Vec<_> = plan.stages.iter().map(|s| s.input_schema.clone()).collect();
+    tokio::spawn(accept_data(data_listener, cluster.run_id.clone(), remote_routes, input_schemas, accepted_tx));
 
     // Outputs of the hosted subtasks of every stage but the last.
     let mut outputs: HashMap<(usize, u32), Vec<mpsc::Sender<Message>>> = HashMap::new();
@@ -396,7 +397,14 @@ async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener> {
 }
 
 /// Accepts data connections and feeds each into its subtask's input channel.
-async fn accept_data(listener: TcpListener, run_id: String, routes: Routes, accepted: mpsc::UnboundedSender<Result<()>>) {
+async fn accept_data(
+    listener: TcpListener,
+    run_id: String,
+    routes: Routes,
+    input_schemas: Vec<arrow::datatypes::SchemaRef>,
+    accepted: mpsc::UnboundedSender<Result<()>>,
+) {
+    let input_schemas = Arc::new(input_schemas);
     let routes = Arc::new(Mutex::new(routes));
     loop {
         let Ok((stream, peer)) = listener.accept().await else { continue };
@@ -404,6 +412,7 @@ async fn accept_data(listener: TcpListener, run_id: String, routes: Routes, acce
         let routes = routes.clone();
         let accepted = accepted.clone();
         let run_id = run_id.clone();
+        let input_schemas = input_schemas.clone();
         tokio::spawn(async move {
             let peer = peer.to_string();
             let mut frames = FramedRead::new(stream, codec());
@@ -427,6 +436,7 @@ async fn accept_data(listener: TcpListener, run_id: String, routes: Routes, acce
                 return;
             };
             let _ = accepted.send(Ok(()));
+            let Some(expected) = input_schemas.get(hello.stage).cloned() else { return };
             let mut decoder = FrameDecoder::new(&peer);
             while let Some(frame) = frames.next().await {
                 let msg = match frame.map_err(|e| Error::Network { peer: peer.clone(), message: e.to_string() }).and_then(|f| decoder.decode(f.freeze())) {
@@ -436,6 +446,13 @@ async fn accept_data(listener: TcpListener, run_id: String, routes: Routes, acce
                         return; // dropping tx tells the subtask its input vanished
                     }
                 };
+                if let Message::Batch(b) = &msg {
+                    // Operators index columns by position: a batch of another shape is a protocol error.
+                    if b.schema().fields() != expected.fields() {
+                        tracing::warn!(%peer, "data connection sent a batch of the wrong schema");
+                        return;
+                    }
+                }
                 let end = matches!(msg, Message::End);
                 if tx.send(msg).await.is_err() || end {
                     return;
