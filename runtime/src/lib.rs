@@ -7,6 +7,7 @@ pub mod control;
 pub mod error;
 pub mod exchange;
 pub mod expr;
+pub mod fault;
 pub mod key_group;
 pub mod local;
 pub mod operator;

@@ -152,3 +152,37 @@ fn a_savepoint_of_a_running_job_is_listed_and_restorable() {
     let seqs: std::collections::HashSet<i64> = job.committed_lines().iter().map(|l| l["seq"].as_i64().unwrap()).collect();
     assert_eq!(seqs.len(), 60_000);
 }
+
+/// Crashes a worker at a chosen point of checkpoint 3 (once), and checks
+/// that the restored run still commits every event exactly once.
+fn crash_at(point: &str) {
+    let job = Job::counting(3, 60_000, 31, 30_000, "100ms");
+    let marker = job.path("fault-fired");
+    let mut cmd = job.command(&[]);
+    cmd.env("WEIR_FAULT", format!("{point}@3")).env("WEIR_FAULT_ONCE", &marker);
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(marker.exists(), "the fault at {point} never fired");
+    assert!(stderr(&out).contains("restarting"), "{}", stderr(&out));
+    job.assert_exactly_once();
+}
+
+#[test]
+fn a_crash_during_barrier_alignment_keeps_exactly_once() {
+    crash_at("mid-alignment");
+}
+
+#[test]
+fn a_crash_after_acknowledging_keeps_exactly_once() {
+    crash_at("after-ack");
+}
+
+#[test]
+fn a_crash_between_checkpoint_completion_and_commit_keeps_exactly_once() {
+    crash_at("after-complete");
+}
+
+#[test]
+fn a_crash_in_the_sink_before_it_commits_keeps_exactly_once() {
+    crash_at("before-commit");
+}

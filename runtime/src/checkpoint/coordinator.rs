@@ -321,6 +321,7 @@ impl Coordinator {
         }
         match self.cfg.storage.complete(&p.dir, &meta).await {
             Ok(location) => {
+                crate::fault::crash_point("after-complete", p.id);
                 let st = CheckpointStatus {
                     id: p.id,
                     location: location.display,

@@ -89,6 +89,9 @@ impl InputGate {
                     if let Some(b) = self.try_release() {
                         return Ok(GateEvent::Barrier(b));
                     }
+                    if let Some(a) = &self.aligning {
+                        crate::fault::crash_point("mid-alignment", a.checkpoint_id);
+                    }
                 }
                 Message::End => {
                     self.ended[i] = true;

@@ -107,6 +107,7 @@ impl Subtask {
                 Event::Notification(n) => {
                     if let Output::Sink { sink, .. } = &mut self.output {
                         if let Notification::Complete(id) = n {
+                            crate::fault::crash_point("before-commit", id);
                             sink.commit(id)?;
                             if input_ended && final_barrier.is_some_and(|f| f <= id) {
                                 return Ok(());
@@ -252,6 +253,11 @@ impl Subtask {
                 }
             }
             let _ = to_coordinator.send(ToCoordinator::Ack { checkpoint_id: id, ack: SubtaskAck { stage, subtask: index, operators } });
+            if stage > 0 {
+                // Let the ack leave the process before the crash.
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                crate::fault::crash_point("after-ack", id);
+            }
         });
         Ok(())
     }

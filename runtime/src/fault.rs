@@ -1,0 +1,37 @@
+//! Crash points for failure tests: a worker started with
+//! `WEIR_FAULT=<point>@<checkpoint id>` aborts (a crash, like SIGKILL) when it
+//! reaches that point of that checkpoint. `WEIR_FAULT_ONCE=<file>` makes the
+//! fault fire once per file, so the restored run goes on. Random kills hit
+//! the narrow windows (during alignment, between completion and commit)
+//! rarely; these points hit them every time.
+//!
+//! Points: `mid-alignment` (a barrier has arrived on some inputs only),
+//! `after-ack` (a subtask acknowledged, the checkpoint is not complete),
+//! `after-complete` (the coordinator wrote the metadata and pointer, no sink
+//! has committed), `before-commit` (a sink got the completion, did not rename).
+
+use std::sync::OnceLock;
+
+fn configured() -> &'static Option<(String, u64)> {
+    static FAULT: OnceLock<Option<(String, u64)>> = OnceLock::new();
+    FAULT.get_or_init(|| {
+        let spec = std::env::var("WEIR_FAULT").ok()?;
+        let (point, id) = spec.split_once('@')?;
+        Some((point.to_string(), id.parse().ok()?))
+    })
+}
+
+/// Aborts the process if the configured fault is `point` at `checkpoint_id`.
+pub fn crash_point(point: &str, checkpoint_id: u64) {
+    let Some((p, id)) = configured() else { return };
+    if p != point || *id != checkpoint_id {
+        return;
+    }
+    if let Ok(marker) = std::env::var("WEIR_FAULT_ONCE") {
+        if std::fs::OpenOptions::new().write(true).create_new(true).open(&marker).is_err() {
+            return; // fired already
+        }
+    }
+    eprintln!("fault injection: crashing at {point} of checkpoint {checkpoint_id}");
+    std::process::abort();
+}
