@@ -81,11 +81,83 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// The job's status through `weir status`, if it answers.
+fn status(weir: &PathBuf, dir: &PathBuf) -> Option<serde_json::Value> {
+    let out = Command::new(weir).current_dir(dir).args(["status", "--state-dir", "state"]).output().ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+/// Recovery time: from SIGKILL of one worker to the first checkpoint
+/// completed (and so output committed) by the restored run.
+fn recovery(weir: &PathBuf, runs: usize, interval: &str) -> Result<()> {
+    use std::os::unix::process::CommandExt;
+    let mut times = Vec::new();
+    for run in 0..runs {
+        let dir = tempfile_dir()?;
+        let yaml = format!(
+            "name: recovery\nparallelism: 2\ncheckpoint:\n  interval: {interval}\nsource:\n  generator:\n    keys: 1000\n    rate: 100000\nsteps:\n  - key_by: key\n  - running_count: count\nsink:\n  file:\n    path: out\n"
+        );
+        std::fs::write(dir.join("p.yaml"), yaml)?;
+        let mut child = Command::new(weir)
+            .current_dir(&dir)
+            .args(["run", "p.yaml", "--state-dir", "state"])
+            .env("RUST_LOG", "error")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .process_group(0)
+            .spawn()?;
+        let deadline = Instant::now() + std::time::Duration::from_secs(30);
+        let (before, run_before) = loop {
+            if Instant::now() > deadline {
+                bail!("the job never completed two checkpoints");
+            }
+            if let Some(st) = status(weir, &dir) {
+                if let Some(id) = st["latest_checkpoint"]["id"].as_u64().filter(|&id| id >= 2) {
+                    break (id, st["run_id"].as_str().unwrap_or_default().to_string());
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        let info: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("state/recovery/run.json"))?)?;
+        let victim = info["worker_pids"][run % 2].as_u64().context("worker pid")? as i32;
+        let t0 = Instant::now();
+        unsafe { libc::kill(victim, libc::SIGKILL) };
+        let recovered = loop {
+            if t0.elapsed() > std::time::Duration::from_secs(60) {
+                bail!("no checkpoint completed within 60 s after the kill");
+            }
+            if let Some(st) = status(weir, &dir) {
+                let run_id = st["run_id"].as_str().unwrap_or_default();
+                if run_id != run_before && st["latest_checkpoint"]["id"].as_u64().unwrap_or(0) > before {
+                    break t0.elapsed().as_secs_f64();
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        unsafe { libc::killpg(child.id() as i32, libc::SIGKILL) };
+        let _ = child.wait();
+        let _ = std::fs::remove_dir_all(&dir);
+        eprintln!("run {}/{runs}: {recovered:.2} s", run + 1);
+        times.push(recovered);
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    println!("recovery from a worker kill to the first checkpoint committed by the restored run (parallelism 2, checkpoints every {interval}, {runs} runs)");
+    println!("| median | min | max |");
+    println!("|---|---|---|");
+    println!("| {:.2} s | {:.2} s | {:.2} s |", median(times.clone()), times[0], times[times.len() - 1]);
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let mut events: u64 = 20_000_000;
     let mut rounds = 3;
     let mut batch = 1024;
     let mut weir = None;
+    let mut mode_recovery = false;
+    let mut interval = "500ms".to_string();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -93,14 +165,19 @@ fn main() -> Result<()> {
             "--rounds" => rounds = args.next().context("--rounds R")?.parse()?,
             "--batch-size" => batch = args.next().context("--batch-size N")?.parse()?,
             "--weir" => weir = args.next(),
+            "recovery" => mode_recovery = true,
+            "--interval" => interval = args.next().context("--interval DURATION")?,
             "-h" | "--help" => {
-                println!("weir-bench: throughput of generator -> key_by -> running_count -> blackhole\n\nOptions:\n  --events N       events per run (default 20000000)\n  --rounds R       runs per configuration; medians are reported (default 3)\n  --batch-size N   generator batch size (default 1024)\n  --weir PATH      the weir binary (default: $CARGO_TARGET_DIR/release/weir)");
+                println!("weir-bench: throughput of generator -> key_by -> running_count -> blackhole\nweir-bench recovery: time from a worker kill to the restored run's first completed checkpoint\n\nOptions:\n  --interval D     checkpoint interval for `recovery` (default 500ms); --rounds is the number of kills\n  --events N       events per run (default 20000000)\n  --rounds R       runs per configuration; medians are reported (default 3)\n  --batch-size N   generator batch size (default 1024)\n  --weir PATH      the weir binary (default: $CARGO_TARGET_DIR/release/weir)");
                 return Ok(());
             }
             other => bail!("unknown argument {other}; see --help"),
         }
     }
     let weir = weir_binary(weir)?;
+    if mode_recovery {
+        return recovery(&weir, rounds, &interval);
+    }
     let configs = [
         Config { parallelism: 1, interval: "0s" },
         Config { parallelism: 1, interval: "1s" },
