@@ -164,6 +164,25 @@ fn main() -> ExitCode {
     }
 }
 
+/// Calls a running local job's control API and decodes the answer.
+async fn ask_job<T: serde::de::DeserializeOwned>(
+    state_dir: &str,
+    job: Option<&str>,
+    method: &str,
+    path: &str,
+    timeout: Duration,
+) -> anyhow::Result<(local::RunInfo, T)> {
+    let run = local::find_run(state_dir, job).await?;
+    let (code, body) = control::call(run.api, method, path, &run.token, timeout)
+        .await
+        .with_context(|| format!("job `{}` does not answer: is it still running?", run.job))?;
+    if code != 200 {
+        anyhow::bail!("{method} {path} of job `{}` failed: {}", run.job, body.trim());
+    }
+    let answer = serde_json::from_str(&body).with_context(|| format!("unexpected answer from job `{}`", run.job))?;
+    Ok((run, answer))
+}
+
 /// Errors that a restart would meet again.
 fn is_fatal(e: &Error) -> bool {
     matches!(e, Error::Pipeline(_) | Error::Plan { .. } | Error::Expression { .. } | Error::SourceFile { .. } | Error::BadCheckpoint { .. } | Error::StateDir { .. })
@@ -195,27 +214,24 @@ async fn run_command(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Savepoint { state_dir, job } => {
-            let run = local::find_run(&state_dir, job.as_deref()).await?;
-            let (code, body) = control::call(run.api, "POST", "/v1/savepoints", &run.token, Duration::from_secs(600))
-                .await
-                .with_context(|| format!("job `{}` does not answer: is it still running?", run.job))?;
-            if code != 200 {
-                anyhow::bail!("savepoint of `{}` failed: {}", run.job, body.trim());
-            }
-            let sp: CheckpointStatus = serde_json::from_str(&body).context("unexpected answer from the job")?;
+            let (run, sp): (_, CheckpointStatus) = ask_job(&state_dir, job.as_deref(), "POST", "/v1/savepoints", Duration::from_secs(600)).await?;
             eprintln!("savepoint {} of `{}` complete in {} ms", sp.id, run.job, sp.duration_ms);
             println!("{}", sp.location);
             Ok(())
         }
         Command::Status { state_dir, job } => {
-            let run = local::find_run(&state_dir, job.as_deref()).await?;
-            let (code, body) = control::call(run.api, "GET", "/v1/status", &run.token, Duration::from_secs(5))
-                .await
-                .with_context(|| format!("job `{}` does not answer: is it still running?", run.job))?;
-            if code != 200 {
-                anyhow::bail!("status of `{}`: {}", run.job, body.trim());
-            }
-            let st: JobStatus = serde_json::from_str(&body).context("unexpected answer from the job")?;
+            let st: JobStatus = match ask_job(&state_dir, job.as_deref(), "GET", "/v1/status", Duration::from_secs(5)).await {
+                Ok((_, st)) => st,
+                Err(e) => {
+                    // A job that has finished no longer answers; its last status is kept.
+                    let run = local::find_run(&state_dir, job.as_deref()).await?;
+                    let storage = CheckpointStorage::open(&state_dir, &run.job, false)?;
+                    match storage.job_root.get(weir_runtime::checkpoint::coordinator::FINAL_STATUS).await? {
+                        Some(b) => serde_json::from_slice(&b).context("reading the final status")?,
+                        None => return Err(e),
+                    }
+                }
+            };
             println!("{}", serde_json::to_string_pretty(&st)?);
             Ok(())
         }
