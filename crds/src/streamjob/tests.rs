@@ -256,6 +256,51 @@ fn the_embedded_pipeline_round_trips_unchanged() {
     assert_eq!(p.steps[1].kind, StepKind::RunningCount("count".into()));
 }
 
+#[test]
+fn a_requested_guarantee_the_pipeline_cannot_give_is_refused_not_claimed() {
+    let stdout = with(minimal(), "/spec/pipeline/sink", json!({"stdout": {}}));
+    let job = parse(&with(
+        stdout.clone(),
+        "/spec/guarantee",
+        json!("exactly-once"),
+    ));
+    let err = job.spec.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("spec: guarantee: the pipeline gives at-least-once"),
+        "{err}"
+    );
+    let job = parse(&with(
+        stdout.clone(),
+        "/spec/guarantee",
+        json!("at-least-once"),
+    ));
+    assert!(job.spec.validate().is_ok());
+    // Unset: the job gives what the pipeline gives.
+    assert!(parse(&stdout).spec.validate().is_ok());
+}
+
+#[test]
+fn restart_backoff_initial_above_max_is_refused() {
+    let job = parse(&with(
+        minimal(),
+        "/spec/restartBackoff",
+        json!({"initial": "2m", "max": "1m"}),
+    ));
+    let err = job.spec.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("restartBackoff.initial: 2m is above restartBackoff.max 1m"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_example_passes_every_controller_check() {
+    assert_eq!(
+        parse(&example_json()).spec.validate().unwrap().parallelism,
+        2
+    );
+}
+
 // ------------------------------------------------------------ the status
 
 #[test]

@@ -163,6 +163,54 @@ impl StreamJobSpec {
     }
 }
 
+impl StreamJobSpec {
+    /// Everything the controller checks before it deploys (what CEL cannot):
+    /// the pipeline ([`Self::validate_pipeline`]), that the pipeline can give
+    /// the requested guarantee, and that the backoff bounds are ordered.
+    /// Errors name the spec field; the controller reports them in status and
+    /// an event instead of deploying.
+    pub fn validate(&self) -> Result<PipelineSpec, PipelineError> {
+        let pipeline = self.validate_pipeline()?;
+        if let Some(wanted) = self.guarantee {
+            let gives = pipeline.guarantee();
+            if gives < wanted {
+                // Never run a job that claims more than its source and sink can give.
+                return Err(spec_invalid(
+                    "guarantee",
+                    format!("the pipeline gives {gives} (the weakest of its source and sink), below the requested {wanted}: change the sink or source, or ask for {gives}"),
+                ));
+            }
+        }
+        let backoff = &self.restart_backoff;
+        if backoff.initial > backoff.max {
+            return Err(spec_invalid(
+                "restartBackoff.initial",
+                format!(
+                    "{} is above restartBackoff.max {}: expected at most {}",
+                    backoff.initial, backoff.max, backoff.max
+                ),
+            ));
+        }
+        if self.savepoint_timeout.is_zero() {
+            return Err(spec_invalid(
+                "savepointTimeout",
+                "expected a duration above 0",
+            ));
+        }
+        Ok(pipeline)
+    }
+}
+
+/// An error about a field of the spec outside the pipeline.
+fn spec_invalid(field: &str, message: impl Into<String>) -> PipelineError {
+    PipelineError::Invalid {
+        file: "spec".into(),
+        line: None,
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
 fn invalid(field: &str, message: impl Into<String>) -> PipelineError {
     PipelineError::Invalid {
         file: PIPELINE_ERROR_NAME.into(),
