@@ -5,8 +5,12 @@
 //! how a pipeline is executed: it parses, checks what can be checked without an
 //! expression engine, and reports errors that name the file, the line and the
 //! field.
+//!
+//! `streamjob` is the Kubernetes custom resource the operator reconciles; it
+//! embeds the pipeline format unchanged.
 
 pub mod pipeline;
+pub mod streamjob;
 
 pub use pipeline::{
     CheckpointMode, CheckpointSpec, FileSinkSpec, FileSourceSpec, GeneratorSpec, Guarantee,

@@ -1,0 +1,38 @@
+//! The `StreamJob` custom resource (`weir.dev/v1alpha1`): the operator's API.
+//!
+//! - `spec.rs`: what the user wants (and the CEL rules the API server enforces),
+//! - `status.rs`: what the controller observed,
+//! - `validation.rs`: the embedded pipeline and the checks CEL cannot do.
+//!
+//! `crds/streamjob.yaml` is generated from these types by `crdgen`; a test
+//! fails when it is out of date.
+
+mod spec;
+mod status;
+mod validation;
+
+use kube::CustomResourceExt;
+
+pub use spec::{
+    CheckpointSettings, JobState, RestartBackoff, StreamJob, StreamJobSpec, UpgradeMode,
+    MAX_PARALLELISM_LIMIT, STORAGE_URI_MESSAGE, STORAGE_URI_RULE,
+};
+pub use status::{
+    condition_types, CheckpointRef, Failure, PendingSavepoint, Phase, SavepointReason,
+    SavepointRef, StreamJobStatus, SAVEPOINT_HISTORY_LIMIT,
+};
+pub use validation::{PipelineDocument, PIPELINE_ERROR_NAME};
+
+/// The command that regenerates the checked-in CRD manifest.
+pub const REGENERATE: &str = "cargo run -p weir-api --bin crdgen > crds/streamjob.yaml";
+
+/// The CRD manifest as YAML, exactly as checked in at `crds/streamjob.yaml`.
+pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
+    let body = serde_yaml::to_string(&StreamJob::crd())?;
+    Ok(format!(
+        "# Generated from crds/src/streamjob by `{REGENERATE}`. Do not edit.\n{body}"
+    ))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,165 @@
+//! `StreamJob.status`: what the controller observed and decided.
+//!
+//! The controller writes every lifecycle transition here *before* acting on
+//! it, so the status must hold enough to continue after an operator restart
+//! (which trigger values were already handled, which savepoint is awaited).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::KubeSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::pipeline::Guarantee;
+
+/// How many savepoints `savepointHistory` keeps; older entries are dropped from
+/// status (not from storage) so that the object stays small.
+pub const SAVEPOINT_HISTORY_LIMIT: usize = 10;
+
+/// Condition types the controller sets.
+pub mod condition_types {
+    /// The job's pods run and the job makes progress.
+    pub const READY: &str = "Ready";
+    /// A deploy, upgrade, savepoint, suspension or recovery is under way.
+    pub const PROGRESSING: &str = "Progressing";
+    /// Something needs attention: failed savepoint, restarts, invalid pipeline.
+    pub const DEGRADED: &str = "Degraded";
+}
+
+#[derive(KubeSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StreamJobStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+
+    /// Ready, Progressing and Degraded, each with a reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+
+    /// The metadata.generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Hash of the spec the running pods were built from; a different hash of the
+    /// current spec means an upgrade is due.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployed_spec_hash: Option<String>,
+
+    /// The guarantee the deployed pipeline gives (the weakest of source and sink).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guarantee: Option<Guarantee>,
+
+    /// The latest completed checkpoint, as reported by the job's coordinator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_checkpoint: Option<CheckpointRef>,
+
+    /// The latest completed savepoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_savepoint: Option<SavepointRef>,
+
+    /// Completed savepoints, newest last, at most SAVEPOINT_HISTORY_LIMIT.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = SAVEPOINT_HISTORY_LIMIT))]
+    pub savepoint_history: Vec<SavepointRef>,
+
+    /// A savepoint the controller triggered and has not seen complete or fail yet;
+    /// after an operator restart it is awaited, not triggered again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_savepoint: Option<PendingSavepoint>,
+
+    /// The spec.savepointTrigger value last acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_savepoint_trigger: Option<String>,
+
+    /// The spec.restartTrigger value last acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_restart_trigger: Option<String>,
+
+    /// Restarts after failures since the job was created.
+    #[serde(default)]
+    pub restarts: i32,
+
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<Failure>,
+
+    /// One line for humans: what is happening, or what to do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// The lifecycle phases (the controller's state machine).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum Phase {
+    Deploying,
+    Running,
+    Savepointing,
+    Upgrading,
+    Recovering,
+    Suspending,
+    Suspended,
+    Failed,
+    Finished,
+    Deleting,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointRef {
+    pub id: i64,
+    /// Location in checkpoint storage.
+    pub path: String,
+    /// When the checkpoint completed.
+    pub time: Time,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SavepointRef {
+    pub id: i64,
+    pub path: String,
+    pub time: Time,
+    /// Why it was taken.
+    pub reason: SavepointReason,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum SavepointReason {
+    /// spec.savepointTrigger changed.
+    Trigger,
+    Upgrade,
+    Suspend,
+    Delete,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingSavepoint {
+    pub reason: SavepointReason,
+    /// When it was triggered; with spec.savepointTimeout this bounds the wait.
+    pub triggered_at: Time,
+    /// The coordinator's id for the request, when it returned one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Failure {
+    pub time: Time,
+    /// Machine-readable, e.g. PodFailed, PodEvicted, SavepointFailed, InvalidPipeline.
+    pub reason: String,
+    pub message: String,
+}
+
+impl StreamJobStatus {
+    /// Records a completed savepoint as the latest and appends it to the history,
+    /// dropping the oldest entries beyond SAVEPOINT_HISTORY_LIMIT.
+    pub fn record_savepoint(&mut self, savepoint: SavepointRef) {
+        self.savepoint_history.push(savepoint.clone());
+        let excess = self
+            .savepoint_history
+            .len()
+            .saturating_sub(SAVEPOINT_HISTORY_LIMIT);
+        self.savepoint_history.drain(..excess);
+        self.last_savepoint = Some(savepoint);
+    }
+}
