@@ -23,6 +23,9 @@ mkdir -p "$bins"
 printf '#!/bin/sh\necho "weir stand-in: $*"\nexit 0\n' >"$bins/weir"
 chmod +x "$bins/weir"
 export WEIR_BIN_DIR=$bins WEIR_IMAGE_MAP=busybox=/bin/sleep,shell=/bin/sh
+# Mount points that exist before the run are not the agent's to remove.
+pre_existing=""
+for d in /etc/cfg /etc/sec /scratch; do [[ ! -e $d ]] || pre_existing+=" $d"; done
 trap '"$e2e/cluster" down >/dev/null 2>&1 || true' EXIT
 eval "$(WEIR_NODE_AGENT=$agent "$e2e/cluster" up)"
 PATH="$("$e2e/build-binaries" | paste -sd:):$PATH"
@@ -141,4 +144,9 @@ ok "long deleted after SIGTERM"
 kubectl delete pod once badimage crash --wait=true --timeout=30s
 [[ -z $(kubectl get pods -o name) ]] || fail "pods left"
 ok "all pods gone"
+"$e2e/cluster" down
+for d in /etc/cfg /etc/sec /scratch; do
+	[[ " ${pre_existing:-} " == *" $d "* || ! -e $d ]] || fail "mount point $d left on the host after down"
+done
+ok "mount points the agent created are gone after down"
 echo "$passed passed, 0 failed"

@@ -37,6 +37,8 @@ async fn main() -> anyhow::Result<()> {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     if std::env::args().any(|a| a == "--help" || a == "-h") {
         println!("{}", include_str!("help.txt"));
@@ -74,6 +76,7 @@ async fn main() -> anyhow::Result<()> {
         pods_dir,
         pgids: Mutex::new(HashSet::new()),
         mount_ns,
+        created: pod::MountPoints::default(),
     });
 
     let mut term = signal(SignalKind::terminate())?;
@@ -90,6 +93,7 @@ async fn main() -> anyhow::Result<()> {
         _ = int.recv() => { info!("SIGINT: stopping"); Ok(()) }
     };
     shared.kill_all();
+    shared.created.remove_all();
     if let Err(e) = &result {
         error!("{e:#}");
     }

@@ -42,12 +42,67 @@ pub struct Shared {
     pub pgids: Mutex<HashSet<i32>>,
     /// Private mount namespace per container (needs root and `unshare`).
     pub mount_ns: bool,
+    /// Mount points the agent had to create on the host's filesystem (a
+    /// mount namespace isolates mounts, not directories); removed, if
+    /// still empty, when the agent stops.
+    pub created: MountPoints,
 }
 
 impl Shared {
     pub fn kill_all(&self) {
         for pgid in self.pgids.lock().unwrap().drain() {
             signal_group(pgid, libc::SIGKILL);
+        }
+    }
+}
+
+/// Mount points the agent created on the host.
+#[derive(Default)]
+pub struct MountPoints(Mutex<Vec<PathBuf>>);
+
+impl MountPoints {
+    /// Create a mount point (directory, or empty file for a file source)
+    /// and its missing ancestors, remembering what did not exist before.
+    pub fn ensure(&self, dst: &Path, file: bool) -> std::io::Result<()> {
+        let mut missing = Vec::new();
+        let mut p = Some(dst);
+        while let Some(d) = p {
+            if d.symlink_metadata().is_ok() {
+                break;
+            }
+            missing.push(d.to_path_buf());
+            p = d.parent();
+        }
+        if file {
+            if let Some(parent) = dst.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            if !dst.exists() {
+                std::fs::File::create(dst)?;
+            }
+        } else {
+            std::fs::create_dir_all(dst)?;
+        }
+        self.0.lock().unwrap().extend(missing);
+        Ok(())
+    }
+
+    /// Remove the mount points the agent created, deepest first, each only
+    /// if it is an empty directory or an empty file.
+    pub fn remove_all(&self) {
+        let mut created = std::mem::take(&mut *self.0.lock().unwrap());
+        created.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        created.dedup();
+        for p in created {
+            match p.symlink_metadata() {
+                Ok(m) if m.is_dir() => {
+                    let _ = std::fs::remove_dir(&p);
+                }
+                Ok(m) if m.is_file() && m.len() == 0 => {
+                    let _ = std::fs::remove_file(&p);
+                }
+                _ => {}
+            }
         }
     }
 }
@@ -504,6 +559,14 @@ impl PodTask {
         let c = &self.ctrs[idx];
         let log_path = log_dir.join(format!("{}.log", c.status.name));
         let mounts = self.mounts(&c.spec);
+        if self.sh.mount_ns {
+            for (src, dst, _) in &mounts {
+                let file = src.exists() && !src.is_dir();
+                if let Err(e) = self.sh.created.ensure(Path::new(dst), file) {
+                    warn!(pod = %self.key(), "creating mount point {dst}: {e}");
+                }
+            }
+        }
         let workdir = c.spec.working_dir.clone().unwrap_or_else(|| "/".into());
         let result = spawn(&c.argv, &c.env, &mounts, &workdir, &log_path, self.sh.mount_ns);
         let now = Timestamp::now();
@@ -855,6 +918,22 @@ fn spawn(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mount_points_created_and_removed_when_empty() {
+        let base = std::env::temp_dir().join(format!("weir-mp-{}", std::process::id()));
+        std::fs::create_dir_all(&base).unwrap();
+        let mp = MountPoints::default();
+        mp.ensure(&base.join("a/b/c"), false).unwrap();
+        mp.ensure(&base.join("f/file"), true).unwrap();
+        mp.ensure(&base.join("keep/x"), false).unwrap();
+        std::fs::write(base.join("keep/data"), b"user data").unwrap();
+        assert!(base.join("a/b/c").is_dir() && base.join("f/file").is_file());
+        mp.remove_all();
+        assert!(!base.join("a").exists() && !base.join("f").exists());
+        assert!(base.join("keep/data").exists() && !base.join("keep/x").exists());
+        std::fs::remove_dir_all(&base).unwrap();
+    }
 
     #[test]
     fn quoting() {
