@@ -77,6 +77,8 @@ spec:
       ls /var/run/secrets/kubernetes.io/serviceaccount
       cat /etc/cfg/greeting /etc/sec/password; echo
       echo scratch > /scratch/f && cat /scratch/f
+      echo "hostname=$(hostname)"; grep -w long /etc/hosts
+      sleep 3; touch /scratch/ready
       curl -s --cacert /var/run/secrets/kubernetes.io/serviceaccount/ca.crt \
         -H "Authorization: Bearer $(cat /var/run/secrets/kubernetes.io/serviceaccount/token)" \
         "https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT/api/v1/namespaces/$(cat /var/run/secrets/kubernetes.io/serviceaccount/namespace)/pods/$MY_NAME" | head -c 300; echo
@@ -88,6 +90,9 @@ spec:
     - {name: MY_NODE, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}
     - {name: PW, valueFrom: {secretKeyRef: {name: sec, key: password}}}
     - {name: GREETING, valueFrom: {configMapKeyRef: {name: cfg, key: greeting}}}
+    readinessProbe:
+      exec: {command: [test, -f, /scratch/ready]}
+      periodSeconds: 1
     volumeMounts:
     - {name: cfg, mountPath: /etc/cfg}
     - {name: sec, mountPath: /etc/sec, readOnly: true}
@@ -109,11 +114,23 @@ metadata: {name: crash}
 spec:
   restartPolicy: OnFailure
   containers: [{name: main, image: shell, command: ["sh", "-c", "exit 3"]}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: unlive}
+spec:
+  containers:
+  - name: main
+    image: busybox
+    command: [sleep, "3600"]
+    livenessProbe: {tcpSocket: {port: 1}, periodSeconds: 1, failureThreshold: 2}
 EOF
 
 wait_for 60 "pod once Succeeded" phase once Succeeded
 ok "once Succeeded (exit $(kubectl get pod once -o jsonpath='{.status.containerStatuses[0].state.terminated.exitCode}'))"
 wait_for 60 "pod long Running" phase long Running
+[[ $(kubectl get pod long -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}') == False ]] || fail "long Ready before its readiness probe passed"
+ok "long Running, not Ready before its readiness probe passes"
 wait_for 30 "pod long Ready" bash -c '[[ $(kubectl get pod long -o jsonpath="{.status.conditions[?(@.type==\"Ready\")].status}") == True ]]'
 ip=$(kubectl get pod long -o jsonpath='{.status.podIP}')
 [[ $ip == 127.0.* && $ip != 127.0.0.1 ]] || fail "podIP $ip"
@@ -124,6 +141,8 @@ kubectl get pod badimage -o jsonpath='{.status.reason}: {.status.message}{"\n"}'
 ok "badimage Failed"
 wait_for 30 "crash restarts" bash -c '(( $(kubectl get pod crash -o jsonpath="{.status.containerStatuses[0].restartCount}") >= 2 ))'
 ok "crash restarted $(kubectl get pod crash -o jsonpath='{.status.containerStatuses[0].restartCount}') times"
+wait_for 30 "unlive restarted by its liveness probe" bash -c '(( $(kubectl get pod unlive -o jsonpath="{.status.containerStatuses[0].restartCount}") >= 1 ))'
+ok "liveness probe failure restarts the container"
 
 log=$(ls "$WEIR_CLUSTER_DIR"/pods/default_long_*/logs/main.log)
 # RBAC forbids default:default to get pods, but the 403 names the
@@ -134,6 +153,8 @@ grep -q "ip=$ip name=long ns=default node=weir-node secret=hunter2 greeting=hell
 grep -qx token "$log" && grep -qx ca.crt "$log" && grep -qx namespace "$log" || fail "service-account files"
 grep -qx hellohunter2 "$log" || fail "configMap/secret volumes"
 grep -qx scratch "$log" || fail "emptyDir"
+grep -qx hostname=long "$log" || fail "hostname"
+grep -qP "^$ip\tlong$" "$log" || fail "/etc/hosts"
 ok "env, volumes, service-account token accepted by the API server"
 [[ ! -e /etc/cfg/greeting ]] || fail "the configMap volume leaked into the host's mount namespace"
 ok "mounts private to the pod"
@@ -141,7 +162,7 @@ ok "mounts private to the pod"
 kubectl delete pod long --wait=true --timeout=30s
 grep -q "got SIGTERM" "$log" || fail "no SIGTERM seen"
 ok "long deleted after SIGTERM"
-kubectl delete pod once badimage crash --wait=true --timeout=30s
+kubectl delete pod once badimage crash unlive --wait=true --timeout=30s
 [[ -z $(kubectl get pods -o name) ]] || fail "pods left"
 ok "all pods gone"
 "$e2e/cluster" down

@@ -7,6 +7,7 @@ mod image;
 mod ipalloc;
 mod node;
 mod pod;
+mod probe;
 mod status;
 
 use std::collections::{HashMap, HashSet};

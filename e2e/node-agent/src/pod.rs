@@ -25,6 +25,7 @@ use tracing::{info, warn};
 use crate::env::{self, PodContext, Refs};
 use crate::image::{container_argv, ImageMap};
 use crate::ipalloc::IpAlloc;
+use crate::probe::{self, Kind, ProbeEvent};
 use crate::status::{build_status, exit_reason, CState, Ctr, RestartPolicy, StatusInput};
 
 pub const HOST_IP: &str = "127.0.0.1";
@@ -125,6 +126,15 @@ struct Running {
     pid: i32,
     started: Timestamp,
     since: Instant,
+    probes: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for p in &self.probes {
+            p.abort();
+        }
+    }
 }
 
 struct CtrRt {
@@ -158,6 +168,8 @@ pub struct PodTask {
     error: Option<(String, String)>,
     exit_tx: mpsc::UnboundedSender<Exit>,
     exit_rx: mpsc::UnboundedReceiver<Exit>,
+    probe_tx: mpsc::UnboundedSender<ProbeEvent>,
+    probe_rx: mpsc::UnboundedReceiver<ProbeEvent>,
     seq: u64,
     token_refresh: Option<Instant>,
 }
@@ -172,6 +184,7 @@ pub async fn run(sh: Arc<Shared>, rx: watch::Receiver<Pod>) {
     let name = pod.metadata.name.clone().unwrap_or_default();
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let (exit_tx, exit_rx) = mpsc::unbounded_channel();
+    let (probe_tx, probe_rx) = mpsc::unbounded_channel();
     let policy = RestartPolicy::parse(pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref()));
     let mut t = PodTask {
         api: Api::namespaced(sh.client.clone(), &ns),
@@ -188,6 +201,8 @@ pub async fn run(sh: Arc<Shared>, rx: watch::Receiver<Pod>) {
         error: None,
         exit_tx,
         exit_rx,
+        probe_tx,
+        probe_rx,
         seq: 0,
         token_refresh: None,
     };
@@ -262,6 +277,7 @@ impl PodTask {
                     last: None,
                     restart_count: 0,
                     pid: None,
+                    ready: false,
                 },
                 argv: Vec::new(),
                 env: Vec::new(),
@@ -416,6 +432,8 @@ impl PodTask {
     async fn try_prepare(&mut self) -> Result<(), String> {
         let refs = self.fetch_refs().await?;
         self.write_volumes(&refs).await?;
+        let hosts = hosts_file(&self.pod, &self.ip_str());
+        write_atomic(&self.dir, "etc-hosts", hosts.as_bytes())?;
         let ctx = self.ctx();
         for i in 0..self.ctrs.len() {
             let env = env::container_env(&self.pod, &self.ctrs[i].spec, &ctx, &refs)
@@ -548,6 +566,12 @@ impl PodTask {
                 }
                 (src, m.mount_path.clone(), m.read_only.unwrap_or(false))
             })
+            .chain(
+                // The pod's own /etc/hosts (its name -> its IP), as the
+                // kubelet provides, unless the container mounts one itself.
+                (!c.volume_mounts.iter().flatten().any(|m| m.mount_path == "/etc/hosts"))
+                    .then(|| (self.dir.join("etc-hosts"), "/etc/hosts".to_string(), false)),
+            )
             .collect()
     }
 
@@ -568,7 +592,8 @@ impl PodTask {
             }
         }
         let workdir = c.spec.working_dir.clone().unwrap_or_else(|| "/".into());
-        let result = spawn(&c.argv, &c.env, &mounts, &workdir, &log_path, self.sh.mount_ns);
+        let hostname = pod_hostname(&self.pod);
+        let result = spawn(&c.argv, &c.env, &mounts, &workdir, &hostname, &log_path, self.sh.mount_ns);
         let now = Timestamp::now();
         let ip = self.ip_str();
         let c = &mut self.ctrs[idx];
@@ -577,7 +602,26 @@ impl PodTask {
                 let pid = child.id().unwrap_or(0) as i32;
                 info!(pod = %format!("{}/{}", self.ns, self.name), container = %c.status.name, pid, argv = ?c.argv, ip = %ip, "started");
                 self.sh.pgids.lock().unwrap().insert(pid);
-                c.run = Some(Running { seq, pid, started: now, since: Instant::now() });
+                let mut probes = Vec::new();
+                let pod_ip = self.ip.map(std::net::IpAddr::V4).unwrap_or([127, 0, 0, 1].into());
+                for (kind, p) in [(Kind::Readiness, &c.spec.readiness_probe), (Kind::Liveness, &c.spec.liveness_probe)] {
+                    let Some(p) = p else { continue };
+                    match probe::config(&c.spec, p, pod_ip) {
+                        Ok(cfg) => probes.push(tokio::spawn(probe::run(
+                            cfg,
+                            kind,
+                            idx,
+                            seq,
+                            pid,
+                            c.env.clone(),
+                            self.sh.mount_ns,
+                            self.probe_tx.clone(),
+                        ))),
+                        Err(e) => warn!(container = %c.status.name, "{kind:?} probe ignored: {e}"),
+                    }
+                }
+                c.status.ready = c.spec.readiness_probe.is_none();
+                c.run = Some(Running { seq, pid, started: now, since: Instant::now(), probes });
                 c.status.pid = Some(pid as u32);
                 c.status.state = CState::Running { started: now };
                 let tx = self.exit_tx.clone();
@@ -620,6 +664,7 @@ impl PodTask {
         };
         info!(pod = %format!("{}/{}", self.ns, self.name), container = %c.status.name, code, "exited");
         c.status.pid = None;
+        c.status.ready = false;
         if !deleting && self.policy.restarts(code) {
             if ran >= Duration::from_secs(30) {
                 c.failures = 0;
@@ -670,6 +715,22 @@ impl PodTask {
                 Some(e) = self.exit_rx.recv() => {
                     self.on_exit(e.idx, Some(e.seq), e.code, None);
                     self.report().await;
+                }
+                Some(p) = self.probe_rx.recv() => {
+                    let key = self.key();
+                    let c = &mut self.ctrs[p.idx];
+                    let Some(run) = c.run.as_ref().filter(|r| r.seq == p.seq) else { continue };
+                    match p.kind {
+                        Kind::Readiness => {
+                            info!(pod = %key, container = %c.status.name, ready = p.ok, "readiness changed {}", p.message);
+                            c.status.ready = p.ok;
+                            self.report().await;
+                        }
+                        Kind::Liveness => {
+                            warn!(pod = %key, container = %c.status.name, "liveness probe failed ({}): killing the container", p.message);
+                            signal_group(run.pid, libc::SIGKILL);
+                        }
+                    }
                 }
                 _ = sleep_until(next) => {
                     let now = Instant::now();
@@ -844,6 +905,36 @@ fn write_atomic(dir: &Path, rel: &str, data: &[u8]) -> Result<(), String> {
     std::fs::write(&tmp, data).and_then(|_| std::fs::rename(&tmp, &path)).map_err(|e| format!("{}: {e}", path.display()))
 }
 
+/// The pod's hostname: spec.hostname, else its name (at most 63 bytes).
+pub fn pod_hostname(pod: &Pod) -> String {
+    let h = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.hostname.clone())
+        .or_else(|| pod.metadata.name.clone())
+        .unwrap_or_default();
+    h.chars().take(63).collect()
+}
+
+/// The pod's /etc/hosts: localhost, its own name at its IP, hostAliases.
+pub fn hosts_file(pod: &Pod, ip: &str) -> String {
+    let mut s = String::from(
+        "# Kubernetes-managed hosts file (weir node agent).\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+    );
+    let host = pod_hostname(pod);
+    let spec = pod.spec.as_ref();
+    match (spec.and_then(|s| s.subdomain.as_deref()), pod.metadata.namespace.as_deref()) {
+        (Some(sub), Some(ns)) => s += &format!("{ip}\t{host}.{sub}.{ns}.svc.cluster.local\t{host}\n"),
+        _ => s += &format!("{ip}\t{host}\n"),
+    }
+    for a in spec.and_then(|s| s.host_aliases.as_ref()).into_iter().flatten() {
+        if let Some(names) = &a.hostnames {
+            s += &format!("\n# Entries added by HostAliases.\n{}\t{}\n", a.ip, names.join("\t"));
+        }
+    }
+    s
+}
+
 /// Single-quote for /bin/sh.
 pub fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
@@ -852,8 +943,11 @@ pub fn sh_quote(s: &str) -> String {
 /// The shell script run inside the container's private mount namespace:
 /// bind each volume at its mount path, then exec the container's argv
 /// (`"$@"`).
-pub fn mount_script(mounts: &[(PathBuf, String, bool)], workdir: &str) -> String {
+pub fn mount_script(mounts: &[(PathBuf, String, bool)], workdir: &str, hostname: &str) -> String {
     let mut s = String::from("set -e\n");
+    if !hostname.is_empty() {
+        s += &format!("hostname {} 2>/dev/null || true\n", sh_quote(hostname));
+    }
     for (src, dst, ro) in mounts {
         let (src_q, dst_q) = (sh_quote(&src.display().to_string()), sh_quote(dst));
         if src.is_dir() || !src.exists() {
@@ -875,6 +969,7 @@ fn spawn(
     env: &[(String, String)],
     mounts: &[(PathBuf, String, bool)],
     workdir: &str,
+    hostname: &str,
     log: &Path,
     mount_ns: bool,
 ) -> std::io::Result<tokio::process::Child> {
@@ -883,8 +978,8 @@ fn spawn(
     };
     let mut cmd = if mount_ns {
         let mut c = tokio::process::Command::new("unshare");
-        c.args(["--mount", "--propagation", "private", "--", "/bin/sh", "-c"])
-            .arg(mount_script(mounts, workdir))
+        c.args(["--mount", "--uts", "--propagation", "private", "--", "/bin/sh", "-c"])
+            .arg(mount_script(mounts, workdir, hostname))
             .arg("weir-pod")
             .arg(prog)
             .args(args);
@@ -936,6 +1031,19 @@ mod tests {
     }
 
     #[test]
+    fn hosts() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "w-0", "namespace": "jobs"},
+            "spec": {"containers": [], "subdomain": "w", "hostAliases": [{"ip": "127.0.1.9", "hostnames": ["kafka"]}]}
+        }))
+        .unwrap();
+        let h = hosts_file(&pod, "127.0.1.3");
+        assert!(h.contains("127.0.1.3\tw-0.w.jobs.svc.cluster.local\tw-0\n"), "{h}");
+        assert!(h.contains("127.0.1.9\tkafka\n"));
+        assert!(h.contains("127.0.0.1\tlocalhost\n"));
+    }
+
+    #[test]
     fn quoting() {
         assert_eq!(sh_quote("a b"), "'a b'");
         assert_eq!(sh_quote("it's"), "'it'\\''s'");
@@ -943,7 +1051,8 @@ mod tests {
 
     #[test]
     fn script_binds_and_execs() {
-        let s = mount_script(&[(PathBuf::from("/nonexistent/v/tok"), "/var/run/secrets/x".into(), true)], "/");
+        let s = mount_script(&[(PathBuf::from("/nonexistent/v/tok"), "/var/run/secrets/x".into(), true)], "/", "p-1");
+        assert!(s.contains("hostname 'p-1'"));
         assert!(s.contains("mount --bind '/nonexistent/v/tok' '/var/run/secrets/x'"), "{s}");
         assert!(s.contains("remount,bind,ro"));
         assert!(s.ends_with("cd '/'\nexec \"$@\"\n"));

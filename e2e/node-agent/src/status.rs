@@ -26,6 +26,15 @@ pub struct Ctr {
     pub last: Option<CState>,
     pub restart_count: i32,
     pub pid: Option<u32>,
+    /// Readiness (probe passed, or no readiness probe); counts only while
+    /// running.
+    pub ready: bool,
+}
+
+impl Ctr {
+    pub fn is_ready(&self) -> bool {
+        self.ready && matches!(self.state, CState::Running { .. })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,7 +129,7 @@ pub fn container_status(c: &Ctr) -> ContainerStatus {
         image: c.image.clone(),
         image_id: c.image_id.clone(),
         container_id: c.pid.map(|p| format!("weir-process://{p}")),
-        ready: running,
+        ready: c.is_ready(),
         started: Some(running),
         restart_count: c.restart_count,
         state: Some(state(&c.state)),
@@ -167,8 +176,7 @@ pub struct StatusInput<'a> {
 /// the old ones whole; reason/message are nulled when there is no error.
 pub fn build_status(i: &StatusInput) -> Value {
     let phase = phase(i.policy, i.ctrs, i.error.is_some(), i.deleting);
-    let all_running = !i.ctrs.is_empty() && i.ctrs.iter().all(|c| matches!(c.state, CState::Running { .. }));
-    let ready = all_running && !i.deleting;
+    let ready = !i.ctrs.is_empty() && i.ctrs.iter().all(Ctr::is_ready) && !i.deleting;
     let conds = conditions(
         i.prev_conditions,
         &[
@@ -212,6 +220,7 @@ mod tests {
             last: None,
             restart_count: 0,
             pid: None,
+            ready: true,
         }
     }
 
@@ -290,6 +299,33 @@ mod tests {
             let c = conds.iter().find(|c| c["type"] == ty).unwrap();
             assert_eq!(c["status"], "True", "{ty}");
         }
+    }
+
+    #[test]
+    fn not_ready_until_the_probe_passes() {
+        let mut c = ctr(CState::Running { started: ts(0) });
+        c.ready = false;
+        let input = |c: &[Ctr]| {
+            build_status(&StatusInput {
+                policy: RestartPolicy::Always,
+                ctrs: c,
+                error: None,
+                deleting: false,
+                pod_ip: "127.0.1.1",
+                host_ip: "127.0.0.1",
+                start_time: ts(0),
+                prev_conditions: &[],
+                now: ts(1),
+            })
+        };
+        let s = input(std::slice::from_ref(&c));
+        assert_eq!(s["phase"], "Running");
+        assert_eq!(s["containerStatuses"][0]["ready"], false);
+        assert_eq!(s["containerStatuses"][0]["started"], true);
+        assert!(s["conditions"].as_array().unwrap().iter().any(|x| x["type"] == "Ready" && x["status"] == "False"));
+        c.ready = true;
+        let s = input(&[c]);
+        assert!(s["conditions"].as_array().unwrap().iter().any(|x| x["type"] == "Ready" && x["status"] == "True"));
     }
 
     #[test]
