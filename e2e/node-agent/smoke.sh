@@ -6,14 +6,19 @@
 # an unknown image (Failed, ErrImagePull), deletion.
 #
 #   e2e/node-agent/smoke.sh            # builds the agent (dev profile) first
+#   WEIR_NODE_AGENT=path/to/weir-node-agent e2e/node-agent/smoke.sh   # uses that build
 #
 # Uses its own WEIR_CLUSTER_DIR and takes the cluster down at the end.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 e2e=$(dirname "$here")
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/weir/target-agent}
-cargo build -q -p weir-node-agent --manifest-path "$here/Cargo.toml"
-agent=$CARGO_TARGET_DIR/debug/weir-node-agent
+if [[ -n ${WEIR_NODE_AGENT:-} ]]; then
+	agent=$WEIR_NODE_AGENT
+else
+	export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/weir/target-agent}
+	cargo build -q -p weir-node-agent --manifest-path "$here/Cargo.toml"
+	agent=$CARGO_TARGET_DIR/debug/weir-node-agent
+fi
 
 export WEIR_CLUSTER_DIR=${WEIR_CLUSTER_DIR:-$(mktemp -d /tmp/weir-agent-smoke.XXXXXX)/c}
 # The `weir` image: a stand-in script, so the test needs no release build of

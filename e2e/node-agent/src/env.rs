@@ -27,8 +27,14 @@ pub struct PodContext {
 pub fn referenced(pod: &Pod) -> (Vec<String>, Vec<String>) {
     let mut cms = Vec::new();
     let mut secrets = Vec::new();
-    let Some(spec) = &pod.spec else { return (cms, secrets) };
-    for c in spec.containers.iter().chain(spec.init_containers.iter().flatten()) {
+    let Some(spec) = &pod.spec else {
+        return (cms, secrets);
+    };
+    for c in spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+    {
         for e in c.env.iter().flatten() {
             if let Some(vf) = &e.value_from {
                 if let Some(r) = &vf.config_map_key_ref {
@@ -99,9 +105,9 @@ pub fn field_value(pod: &Pod, ctx: &PodContext, path: &str) -> Result<String, St
         "metadata.labels" => fmt_map(meta.labels.as_ref()),
         "metadata.annotations" => fmt_map(meta.annotations.as_ref()),
         "spec.nodeName" => ctx.node_name.clone(),
-        "spec.serviceAccountName" => {
-            spec.and_then(|s| s.service_account_name.clone()).unwrap_or_default()
-        }
+        "spec.serviceAccountName" => spec
+            .and_then(|s| s.service_account_name.clone())
+            .unwrap_or_default(),
         "status.podIP" | "status.podIPs" => ctx.pod_ip.clone(),
         "status.hostIP" | "status.hostIPs" => ctx.host_ip.clone(),
         other => return Err(format!("unsupported fieldRef fieldPath {other:?}")),
@@ -154,18 +160,40 @@ pub fn container_env(
 ) -> Result<Vec<(String, String)>, String> {
     let mut env: Vec<(String, String)> = vec![
         ("KUBERNETES_SERVICE_HOST".into(), "127.0.0.1".into()),
-        ("KUBERNETES_SERVICE_PORT".into(), ctx.apiserver_port.to_string()),
-        ("KUBERNETES_SERVICE_PORT_HTTPS".into(), ctx.apiserver_port.to_string()),
-        ("KUBERNETES_PORT".into(), format!("tcp://127.0.0.1:{}", ctx.apiserver_port)),
+        (
+            "KUBERNETES_SERVICE_PORT".into(),
+            ctx.apiserver_port.to_string(),
+        ),
+        (
+            "KUBERNETES_SERVICE_PORT_HTTPS".into(),
+            ctx.apiserver_port.to_string(),
+        ),
+        (
+            "KUBERNETES_PORT".into(),
+            format!("tcp://127.0.0.1:{}", ctx.apiserver_port),
+        ),
         ("POD_IP".into(), ctx.pod_ip.clone()),
-        ("HOSTNAME".into(), pod.metadata.name.clone().unwrap_or_default()),
+        (
+            "HOSTNAME".into(),
+            pod.metadata.name.clone().unwrap_or_default(),
+        ),
     ];
     for ef in c.env_from.iter().flatten() {
         let prefix = ef.prefix.clone().unwrap_or_default();
         let (data, optional, what, name) = if let Some(r) = &ef.config_map_ref {
-            (refs.config_maps.get(&r.name), r.optional.unwrap_or(false), "configmap", &r.name)
+            (
+                refs.config_maps.get(&r.name),
+                r.optional.unwrap_or(false),
+                "configmap",
+                &r.name,
+            )
         } else if let Some(r) = &ef.secret_ref {
-            (refs.secrets.get(&r.name), r.optional.unwrap_or(false), "secret", &r.name)
+            (
+                refs.secrets.get(&r.name),
+                r.optional.unwrap_or(false),
+                "secret",
+                &r.name,
+            )
         } else {
             continue;
         };
@@ -224,7 +252,9 @@ fn resource_value(c: &Container, resource: &str) -> String {
         Some(("requests", k)) => (r.and_then(|r| r.requests.as_ref()), k),
         _ => (None, ""),
     };
-    map.and_then(|m| m.get(key)).map(|q| q.0.clone()).unwrap_or_else(|| "0".into())
+    map.and_then(|m| m.get(key))
+        .map(|q| q.0.clone())
+        .unwrap_or_else(|| "0".into())
 }
 
 /// Command and args with `$(VAR)` expanded from the container's environment.
@@ -279,8 +309,12 @@ mod tests {
 
     fn refs() -> Refs {
         let mut r = Refs::default();
-        r.config_maps.insert("cm".into(), [("k".to_string(), "cmv".to_string())].into());
-        r.secrets.insert("s".into(), [("pw".to_string(), "hunter2".to_string())].into());
+        r.config_maps
+            .insert("cm".into(), [("k".to_string(), "cmv".to_string())].into());
+        r.secrets.insert(
+            "s".into(),
+            [("pw".to_string(), "hunter2".to_string())].into(),
+        );
         r
     }
 
@@ -288,7 +322,10 @@ mod tests {
     fn resolves_values_fields_and_refs() {
         let p = pod();
         let c = &p.spec.as_ref().unwrap().containers[0];
-        let env: HashMap<_, _> = container_env(&p, c, &ctx(), &refs()).unwrap().into_iter().collect();
+        let env: HashMap<_, _> = container_env(&p, c, &ctx(), &refs())
+            .unwrap()
+            .into_iter()
+            .collect();
         assert_eq!(env["A"], "plain");
         assert_eq!(env["B"], "plain-x");
         assert_eq!(env["NAME"], "p1");
@@ -311,10 +348,15 @@ mod tests {
         let c = &p.spec.as_ref().unwrap().containers[0];
         let mut r = refs();
         r.secrets.clear();
-        assert_eq!(container_env(&p, c, &ctx(), &r).unwrap_err(), "secret \"s\" not found");
+        assert_eq!(
+            container_env(&p, c, &ctx(), &r).unwrap_err(),
+            "secret \"s\" not found"
+        );
         let mut r = refs();
         r.config_maps.get_mut("cm").unwrap().clear();
-        assert!(container_env(&p, c, &ctx(), &r).unwrap_err().contains("key \"k\" not found"));
+        assert!(container_env(&p, c, &ctx(), &r)
+            .unwrap_err()
+            .contains("key \"k\" not found"));
     }
 
     #[test]

@@ -27,13 +27,21 @@ impl ImageMap {
     /// (`name=/path,name2=/path2`).
     pub fn new(bin_dir: Option<&str>, map: Option<&str>) -> Result<Self, String> {
         let mut extra = BTreeMap::new();
-        for entry in map.unwrap_or("").split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        for entry in map
+            .unwrap_or("")
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+        {
             let (name, path) = entry
                 .split_once('=')
                 .ok_or_else(|| format!("WEIR_IMAGE_MAP entry {entry:?} is not name=/path"))?;
             extra.insert(name.trim().to_string(), PathBuf::from(path.trim()));
         }
-        Ok(Self { bin_dir: bin_dir.filter(|d| !d.is_empty()).map(PathBuf::from), extra })
+        Ok(Self {
+            bin_dir: bin_dir.filter(|d| !d.is_empty()).map(PathBuf::from),
+            extra,
+        })
     }
 
     pub fn from_env() -> Result<Self, String> {
@@ -79,7 +87,11 @@ pub fn container_argv(binary: &Path, command: &[String], args: &[String]) -> Vec
         Some((first, rest)) => {
             let same = Path::new(first).file_name().is_some()
                 && Path::new(first).file_name() == binary.file_name();
-            argv.push(if same { binary.display().to_string() } else { first.clone() });
+            argv.push(if same {
+                binary.display().to_string()
+            } else {
+                first.clone()
+            });
             argv.extend(rest.iter().cloned());
         }
     }
@@ -95,22 +107,34 @@ mod tests {
     fn bare_names() {
         assert_eq!(image_name("weir"), "weir");
         assert_eq!(image_name("weir:latest"), "weir");
-        assert_eq!(image_name("ghcr.io/acme/weir-controller:0.1.0"), "weir-controller");
+        assert_eq!(
+            image_name("ghcr.io/acme/weir-controller:0.1.0"),
+            "weir-controller"
+        );
         assert_eq!(image_name("localhost:5000/weir"), "weir");
-        assert_eq!(image_name("docker.io/library/busybox@sha256:abc"), "busybox");
+        assert_eq!(
+            image_name("docker.io/library/busybox@sha256:abc"),
+            "busybox"
+        );
         assert_eq!(image_name("reg:5000/a/b/weir:1@sha256:x"), "weir");
     }
 
     #[test]
     fn project_images_map_to_bin_dir() {
         let m = ImageMap::new(Some("/opt/bin"), None).unwrap();
-        assert_eq!(m.resolve("weir:dev").unwrap(), PathBuf::from("/opt/bin/weir"));
+        assert_eq!(
+            m.resolve("weir:dev").unwrap(),
+            PathBuf::from("/opt/bin/weir")
+        );
         assert_eq!(
             m.resolve("example.com/weir-controller:1").unwrap(),
             PathBuf::from("/opt/bin/weir-controller")
         );
         let err = m.resolve("nginx:1.27").unwrap_err();
-        assert!(err.contains("\"nginx\"") && err.contains("weir, weir-controller"), "{err}");
+        assert!(
+            err.contains("\"nginx\"") && err.contains("weir, weir-controller"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -122,7 +146,10 @@ mod tests {
     #[test]
     fn test_map_overrides_and_extends() {
         let m = ImageMap::new(Some("/b"), Some("busybox=/bin/sleep, weir=/tmp/fake")).unwrap();
-        assert_eq!(m.resolve("busybox:1.36").unwrap(), PathBuf::from("/bin/sleep"));
+        assert_eq!(
+            m.resolve("busybox:1.36").unwrap(),
+            PathBuf::from("/bin/sleep")
+        );
         assert_eq!(m.resolve("weir").unwrap(), PathBuf::from("/tmp/fake"));
         assert!(m.resolve("alpine").unwrap_err().contains("busybox"));
         assert!(ImageMap::new(None, Some("oops")).is_err());
@@ -132,11 +159,26 @@ mod tests {
     fn argv_from_command_and_args() {
         let bin = Path::new("/b/weir");
         let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-        assert_eq!(container_argv(bin, &[], &s(&["--help"])), s(&["/b/weir", "--help"]));
-        assert_eq!(container_argv(bin, &s(&["weir", "worker"]), &s(&["-v"])), s(&["/b/weir", "worker", "-v"]));
-        assert_eq!(container_argv(bin, &s(&["/usr/local/bin/weir"]), &[]), s(&["/b/weir"]));
-        assert_eq!(container_argv(bin, &s(&["sh", "-c", "x"]), &[]), s(&["sh", "-c", "x"]));
+        assert_eq!(
+            container_argv(bin, &[], &s(&["--help"])),
+            s(&["/b/weir", "--help"])
+        );
+        assert_eq!(
+            container_argv(bin, &s(&["weir", "worker"]), &s(&["-v"])),
+            s(&["/b/weir", "worker", "-v"])
+        );
+        assert_eq!(
+            container_argv(bin, &s(&["/usr/local/bin/weir"]), &[]),
+            s(&["/b/weir"])
+        );
+        assert_eq!(
+            container_argv(bin, &s(&["sh", "-c", "x"]), &[]),
+            s(&["sh", "-c", "x"])
+        );
         let sleep = Path::new("/bin/sleep");
-        assert_eq!(container_argv(sleep, &s(&["sleep", "3600"]), &[]), s(&["/bin/sleep", "3600"]));
+        assert_eq!(
+            container_argv(sleep, &s(&["sleep", "3600"]), &[]),
+            s(&["/bin/sleep", "3600"])
+        );
     }
 }

@@ -46,7 +46,9 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let node_name = std::env::var("WEIR_NODE_NAME").unwrap_or_else(|_| "weir-node".into());
-    let config = kube::Config::infer().await.context("loading the kubeconfig (KUBECONFIG)")?;
+    let config = kube::Config::infer()
+        .await
+        .context("loading the kubeconfig (KUBECONFIG)")?;
     let url = config.cluster_url.clone();
     let apiserver_port = url
         .port_u16()
@@ -58,12 +60,16 @@ async fn main() -> anyhow::Result<()> {
         .map(PathBuf::from)
         .unwrap_or_else(|_| std::env::temp_dir().join(format!("weir-node-agent-{node_name}")));
     let pods_dir = base.join("pods");
-    std::fs::create_dir_all(&pods_dir).with_context(|| format!("creating {}", pods_dir.display()))?;
+    std::fs::create_dir_all(&pods_dir)
+        .with_context(|| format!("creating {}", pods_dir.display()))?;
     // SAFETY: plain syscall.
     let root = unsafe { libc::geteuid() } == 0;
     let mount_ns = root
         && std::env::var("WEIR_NODE_AGENT_MOUNT_NS").map_or(true, |v| v != "0")
-        && std::process::Command::new("unshare").arg("--version").output().is_ok_and(|o| o.status.success());
+        && std::process::Command::new("unshare")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success());
     if !mount_ns {
         warn!("no private mount namespaces (needs root and unshare): volumes are not mounted at their paths");
     }
@@ -104,7 +110,11 @@ async fn main() -> anyhow::Result<()> {
 /// Watch the pods bound to this node; one task per pod (by uid), fed the
 /// latest version of its object. Dropping a pod's sender tells its task the
 /// object is gone.
-async fn watch_pods(shared: Arc<pod::Shared>, client: Client, node_name: String) -> anyhow::Result<()> {
+async fn watch_pods(
+    shared: Arc<pod::Shared>,
+    client: Client,
+    node_name: String,
+) -> anyhow::Result<()> {
     let api: Api<Pod> = Api::all(client);
     let cfg = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
     let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
@@ -121,7 +131,9 @@ async fn watch_pods(shared: Arc<pod::Shared>, client: Client, node_name: String)
         match ev {
             Event::Init => listed.clear(),
             Event::InitApply(p) | Event::Apply(p) => {
-                let Some(uid) = p.metadata.uid.clone() else { continue };
+                let Some(uid) = p.metadata.uid.clone() else {
+                    continue;
+                };
                 listed.insert(uid.clone());
                 match pods.get(&uid) {
                     Some(tx) => {

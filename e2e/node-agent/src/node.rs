@@ -30,14 +30,18 @@ fn memory_kib() -> u64 {
 }
 
 fn read_trim(path: &str) -> String {
-    std::fs::read_to_string(path).map(|s| s.trim().to_string()).unwrap_or_default()
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 /// The node's status (capacity, conditions, addresses, info) as the body
 /// of a merge patch of nodes/status. `since` is when the agent came up (the
 /// conditions' lastTransitionTime).
 pub fn node_status(name: &str, since: Timestamp, now: Timestamp) -> serde_json::Value {
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let resources = json!({
         "cpu": cpus.to_string(),
         "memory": format!("{}Ki", memory_kib()),
@@ -85,7 +89,9 @@ pub fn node_status(name: &str, since: Timestamp, now: Timestamp) -> serde_json::
 /// Create the Node if it does not exist (a second agent run re-uses it).
 pub async fn register(client: &Client, name: &str) -> anyhow::Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
-    let arch = std::env::consts::ARCH.replace("x86_64", "amd64").replace("aarch64", "arm64");
+    let arch = std::env::consts::ARCH
+        .replace("x86_64", "amd64")
+        .replace("aarch64", "arm64");
     let node: Node = serde_json::from_value(json!({
         "apiVersion": "v1",
         "kind": "Node",
@@ -112,21 +118,36 @@ pub async fn register(client: &Client, name: &str) -> anyhow::Result<()> {
 pub async fn patch_status(client: &Client, name: &str, since: Timestamp) -> anyhow::Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     nodes
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(node_status(name, since, Timestamp::now())))
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(node_status(name, since, Timestamp::now())),
+        )
         .await
         .context("patching nodes/status")?;
     Ok(())
 }
 
 /// Renew (or create) the node's Lease.
-pub async fn renew_lease(client: &Client, name: &str, node_uid: Option<&str>) -> anyhow::Result<()> {
+pub async fn renew_lease(
+    client: &Client,
+    name: &str,
+    node_uid: Option<&str>,
+) -> anyhow::Result<()> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
     let spec = json!({
         "holderIdentity": name,
         "leaseDurationSeconds": LEASE_SECONDS,
         "renewTime": MicroTime(Timestamp::now()),
     });
-    match leases.patch(name, &PatchParams::default(), &Patch::Merge(json!({ "spec": spec }))).await {
+    match leases
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": spec })),
+        )
+        .await
+    {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 404 => {
             let mut meta = json!({ "name": name, "namespace": "kube-node-lease" });
@@ -135,7 +156,10 @@ pub async fn renew_lease(client: &Client, name: &str, node_uid: Option<&str>) ->
                     json!([{ "apiVersion": "v1", "kind": "Node", "name": name, "uid": uid }]);
             }
             let lease: Lease = serde_json::from_value(json!({ "metadata": meta, "spec": spec }))?;
-            leases.create(&PostParams::default(), &lease).await.context("creating the node Lease")?;
+            leases
+                .create(&PostParams::default(), &lease)
+                .await
+                .context("creating the node Lease")?;
             info!(node = name, "created lease kube-node-lease/{name}");
             Ok(())
         }

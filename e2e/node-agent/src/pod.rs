@@ -236,7 +236,12 @@ impl PodTask {
     }
 
     async fn main(&mut self, mut rx: watch::Receiver<Pod>) {
-        let phase = self.pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+        let phase = self
+            .pod
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.clone())
+            .unwrap_or_default();
         if phase == "Succeeded" || phase == "Failed" {
             // Finished before this agent saw it (an agent restart): only
             // deletion is left to handle.
@@ -273,7 +278,10 @@ impl PodTask {
                     name: c.name.clone(),
                     image: c.image.clone().unwrap_or_default(),
                     image_id: String::new(),
-                    state: CState::Waiting { reason: "ContainerCreating".into(), message: None },
+                    state: CState::Waiting {
+                        reason: "ContainerCreating".into(),
+                        message: None,
+                    },
                     last: None,
                     restart_count: 0,
                     pid: None,
@@ -287,9 +295,15 @@ impl PodTask {
             })
             .collect();
         if self.ip.is_none() {
-            self.fail("OutOfPodIPs", "the node has no free loopback address left".into());
+            self.fail(
+                "OutOfPodIPs",
+                "the node has no free loopback address left".into(),
+            );
         } else if !spec.init_containers.as_ref().is_none_or(|v| v.is_empty()) {
-            self.fail("Unsupported", "init containers are not supported by the weir node agent".into());
+            self.fail(
+                "Unsupported",
+                "init containers are not supported by the weir node agent".into(),
+            );
         } else {
             self.resolve_images();
         }
@@ -318,7 +332,10 @@ impl PodTask {
         warn!(pod = %self.key(), reason, "{message}");
         for c in &mut self.ctrs {
             if matches!(c.status.state, CState::Waiting { .. }) {
-                c.status.state = CState::Waiting { reason: reason.into(), message: Some(message.clone()) };
+                c.status.state = CState::Waiting {
+                    reason: reason.into(),
+                    message: Some(message.clone()),
+                };
             }
         }
         self.error = Some((reason.into(), message));
@@ -366,8 +383,10 @@ impl PodTask {
                 Err(e) => {
                     warn!(pod = %self.key(), "not ready to start yet (retrying): {e}");
                     for c in &mut self.ctrs {
-                        c.status.state =
-                            CState::Waiting { reason: "CreateContainerConfigError".into(), message: Some(e.clone()) };
+                        c.status.state = CState::Waiting {
+                            reason: "CreateContainerConfigError".into(),
+                            message: Some(e.clone()),
+                        };
                     }
                     self.report().await;
                 }
@@ -470,19 +489,37 @@ impl PodTask {
     /// Write every volume's content under the pod's directory. Idempotent:
     /// run again to refresh tokens (emptyDirs are left as they are).
     async fn write_volumes(&mut self, refs: &Refs) -> Result<(), String> {
-        let volumes = self.pod.spec.as_ref().and_then(|s| s.volumes.clone()).unwrap_or_default();
+        let volumes = self
+            .pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.volumes.clone())
+            .unwrap_or_default();
         let mut refresh: Option<i64> = None;
         for v in &volumes {
             let dir = self.vol_dir(&v.name);
-            std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| format!("creating {}: {e}", dir.display()))?;
             let mut files: Vec<(String, Vec<u8>)> = Vec::new();
             if v.empty_dir.is_some() || v.host_path.is_some() {
                 continue;
             } else if let Some(cm) = &v.config_map {
-                files.extend(keyed_files(refs.config_maps.get(&cm.name), cm.items.as_deref(), cm.optional, "configmap", &cm.name)?);
+                files.extend(keyed_files(
+                    refs.config_maps.get(&cm.name),
+                    cm.items.as_deref(),
+                    cm.optional,
+                    "configmap",
+                    &cm.name,
+                )?);
             } else if let Some(s) = &v.secret {
                 let n = s.secret_name.clone().unwrap_or_default();
-                files.extend(keyed_files(refs.secrets.get(&n), s.items.as_deref(), s.optional, "secret", &n)?);
+                files.extend(keyed_files(
+                    refs.secrets.get(&n),
+                    s.items.as_deref(),
+                    s.optional,
+                    "secret",
+                    &n,
+                )?);
             } else if let Some(d) = &v.downward_api {
                 files.extend(self.downward_files(d.items.as_deref().unwrap_or(&[]))?);
             } else if let Some(p) = &v.projected {
@@ -494,10 +531,22 @@ impl PodTask {
                         refresh = Some(refresh.map_or(exp, |r| r.min(exp)));
                     }
                     if let Some(cm) = &src.config_map {
-                        files.extend(keyed_files(refs.config_maps.get(&cm.name), cm.items.as_deref(), cm.optional, "configmap", &cm.name)?);
+                        files.extend(keyed_files(
+                            refs.config_maps.get(&cm.name),
+                            cm.items.as_deref(),
+                            cm.optional,
+                            "configmap",
+                            &cm.name,
+                        )?);
                     }
                     if let Some(s) = &src.secret {
-                        files.extend(keyed_files(refs.secrets.get(&s.name), s.items.as_deref(), s.optional, "secret", &s.name)?);
+                        files.extend(keyed_files(
+                            refs.secrets.get(&s.name),
+                            s.items.as_deref(),
+                            s.optional,
+                            "secret",
+                            &s.name,
+                        )?);
                     }
                     if let Some(d) = &src.downward_api {
                         files.extend(self.downward_files(d.items.as_deref().unwrap_or(&[]))?);
@@ -511,16 +560,25 @@ impl PodTask {
             }
         }
         // Refresh tokens at 60 % of their lifetime.
-        self.token_refresh = refresh.map(|s| Instant::now() + Duration::from_secs((s as u64) * 6 / 10));
+        self.token_refresh =
+            refresh.map(|s| Instant::now() + Duration::from_secs((s as u64) * 6 / 10));
         Ok(())
     }
 
-    fn downward_files(&self, items: &[DownwardAPIVolumeFile]) -> Result<Vec<(String, Vec<u8>)>, String> {
+    fn downward_files(
+        &self,
+        items: &[DownwardAPIVolumeFile],
+    ) -> Result<Vec<(String, Vec<u8>)>, String> {
         let ctx = self.ctx();
         items
             .iter()
             .filter_map(|i| i.field_ref.as_ref().map(|f| (i, f)))
-            .map(|(i, f)| Ok((i.path.clone(), env::field_value(&self.pod, &ctx, &f.field_path)?.into_bytes())))
+            .map(|(i, f)| {
+                Ok((
+                    i.path.clone(),
+                    env::field_value(&self.pod, &ctx, &f.field_path)?.into_bytes(),
+                ))
+            })
             .collect()
     }
 
@@ -551,7 +609,9 @@ impl PodTask {
             .create_token_request(&sa, &PostParams::default(), &req)
             .await
             .map_err(|e| format!("token request for serviceaccount {sa:?}: {e}"))?;
-        tr.status.and_then(|s| s.token).ok_or_else(|| "token request returned no token".into())
+        tr.status
+            .and_then(|s| s.token)
+            .ok_or_else(|| "token request returned no token".into())
     }
 
     /// Bind mounts for a container: (source, target, read-only).
@@ -569,8 +629,11 @@ impl PodTask {
             .chain(
                 // The pod's own /etc/hosts (its name -> its IP), as the
                 // kubelet provides, unless the container mounts one itself.
-                (!c.volume_mounts.iter().flatten().any(|m| m.mount_path == "/etc/hosts"))
-                    .then(|| (self.dir.join("etc-hosts"), "/etc/hosts".to_string(), false)),
+                (!c.volume_mounts
+                    .iter()
+                    .flatten()
+                    .any(|m| m.mount_path == "/etc/hosts"))
+                .then(|| (self.dir.join("etc-hosts"), "/etc/hosts".to_string(), false)),
             )
             .collect()
     }
@@ -593,7 +656,15 @@ impl PodTask {
         }
         let workdir = c.spec.working_dir.clone().unwrap_or_else(|| "/".into());
         let hostname = pod_hostname(&self.pod);
-        let result = spawn(&c.argv, &c.env, &mounts, &workdir, &hostname, &log_path, self.sh.mount_ns);
+        let result = spawn(
+            &c.argv,
+            &c.env,
+            &mounts,
+            &workdir,
+            &hostname,
+            &log_path,
+            self.sh.mount_ns,
+        );
         let now = Timestamp::now();
         let ip = self.ip_str();
         let c = &mut self.ctrs[idx];
@@ -603,8 +674,14 @@ impl PodTask {
                 info!(pod = %format!("{}/{}", self.ns, self.name), container = %c.status.name, pid, argv = ?c.argv, ip = %ip, "started");
                 self.sh.pgids.lock().unwrap().insert(pid);
                 let mut probes = Vec::new();
-                let pod_ip = self.ip.map(std::net::IpAddr::V4).unwrap_or([127, 0, 0, 1].into());
-                for (kind, p) in [(Kind::Readiness, &c.spec.readiness_probe), (Kind::Liveness, &c.spec.liveness_probe)] {
+                let pod_ip = self
+                    .ip
+                    .map(std::net::IpAddr::V4)
+                    .unwrap_or([127, 0, 0, 1].into());
+                for (kind, p) in [
+                    (Kind::Readiness, &c.spec.readiness_probe),
+                    (Kind::Liveness, &c.spec.liveness_probe),
+                ] {
                     let Some(p) = p else { continue };
                     match probe::config(&c.spec, p, pod_ip) {
                         Ok(cfg) => probes.push(tokio::spawn(probe::run(
@@ -621,7 +698,13 @@ impl PodTask {
                     }
                 }
                 c.status.ready = c.spec.readiness_probe.is_none();
-                c.run = Some(Running { seq, pid, started: now, since: Instant::now(), probes });
+                c.run = Some(Running {
+                    seq,
+                    pid,
+                    started: now,
+                    since: Instant::now(),
+                    probes,
+                });
                 c.status.pid = Some(pid as u32);
                 c.status.state = CState::Running { started: now };
                 let tx = self.exit_tx.clone();
@@ -675,7 +758,10 @@ impl PodTask {
             c.status.last = Some(term);
             c.status.state = CState::Waiting {
                 reason: "CrashLoopBackOff".into(),
-                message: Some(format!("back-off {}s restarting failed container", wait.as_secs())),
+                message: Some(format!(
+                    "back-off {}s restarting failed container",
+                    wait.as_secs()
+                )),
             };
         } else {
             c.status.state = term;
@@ -683,7 +769,12 @@ impl PodTask {
     }
 
     async fn report(&mut self) {
-        let prev = self.pod.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
+        let prev = self
+            .pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.clone())
+            .unwrap_or_default();
         let ctrs: Vec<Ctr> = self.ctrs.iter().map(|c| c.status.clone()).collect();
         let ip = self.ip_str();
         let status = build_status(&StatusInput {
@@ -697,7 +788,15 @@ impl PodTask {
             prev_conditions: &prev,
             now: Timestamp::now(),
         });
-        match self.api.patch_status(&self.name, &PatchParams::default(), &Patch::Merge(json!({ "status": status }))).await {
+        match self
+            .api
+            .patch_status(
+                &self.name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": status })),
+            )
+            .await
+        {
             Ok(p) => {
                 // Keep our spec/metadata view (the watch delivers those) but
                 // remember the conditions' transition times.
@@ -780,7 +879,12 @@ impl PodTask {
             .pod
             .metadata
             .deletion_grace_period_seconds
-            .or_else(|| self.pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds))
+            .or_else(|| {
+                self.pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.termination_grace_period_seconds)
+            })
             .unwrap_or(30)
             .max(0) as u64;
         info!(pod = %self.key(), grace, "pod deleted: stopping its containers");
@@ -829,8 +933,17 @@ impl PodTask {
         for c in &mut self.ctrs {
             if let CState::Waiting { reason, .. } = &c.status.state {
                 let now = Timestamp::now();
-                let reason = if reason == "ContainerCreating" { "ContainerCreating" } else { "Error" };
-                c.status.state = CState::Terminated { exit_code: 137, reason: reason.into(), started: now, finished: now };
+                let reason = if reason == "ContainerCreating" {
+                    "ContainerCreating"
+                } else {
+                    "Error"
+                };
+                c.status.state = CState::Terminated {
+                    exit_code: 137,
+                    reason: reason.into(),
+                    started: now,
+                    finished: now,
+                };
             }
         }
         self.report().await;
@@ -840,7 +953,10 @@ impl PodTask {
     async fn finish_deletion(&mut self) {
         let dp = DeleteParams {
             grace_period_seconds: Some(0),
-            preconditions: Some(Preconditions { uid: Some(self.uid.clone()), resource_version: None }),
+            preconditions: Some(Preconditions {
+                uid: Some(self.uid.clone()),
+                resource_version: None,
+            }),
             ..Default::default()
         };
         match self.api.delete(&self.name, &dp).await {
@@ -878,7 +994,11 @@ fn keyed_files(
     name: &str,
 ) -> Result<Vec<(String, Vec<u8>)>, String> {
     let Some(data) = data else {
-        return if optional.unwrap_or(false) { Ok(Vec::new()) } else { Err(format!("{what} {name:?} not found")) };
+        return if optional.unwrap_or(false) {
+            Ok(Vec::new())
+        } else {
+            Err(format!("{what} {name:?} not found"))
+        };
     };
     match items {
         Some(items) if !items.is_empty() => items
@@ -889,7 +1009,10 @@ fn keyed_files(
                     .ok_or_else(|| format!("key {:?} not found in {what} {name:?}", i.key))
             })
             .collect(),
-        _ => Ok(data.iter().map(|(k, v)| (k.clone(), v.clone().into_bytes())).collect()),
+        _ => Ok(data
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone().into_bytes()))
+            .collect()),
     }
 }
 
@@ -902,7 +1025,9 @@ fn write_atomic(dir: &Path, rel: &str, data: &[u8]) -> Result<(), String> {
         std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
     }
     let tmp = path.with_extension("weir-tmp");
-    std::fs::write(&tmp, data).and_then(|_| std::fs::rename(&tmp, &path)).map_err(|e| format!("{}: {e}", path.display()))
+    std::fs::write(&tmp, data)
+        .and_then(|_| std::fs::rename(&tmp, &path))
+        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// The pod's hostname: spec.hostname, else its name (at most 63 bytes).
@@ -923,13 +1048,26 @@ pub fn hosts_file(pod: &Pod, ip: &str) -> String {
     );
     let host = pod_hostname(pod);
     let spec = pod.spec.as_ref();
-    match (spec.and_then(|s| s.subdomain.as_deref()), pod.metadata.namespace.as_deref()) {
-        (Some(sub), Some(ns)) => s += &format!("{ip}\t{host}.{sub}.{ns}.svc.cluster.local\t{host}\n"),
+    match (
+        spec.and_then(|s| s.subdomain.as_deref()),
+        pod.metadata.namespace.as_deref(),
+    ) {
+        (Some(sub), Some(ns)) => {
+            s += &format!("{ip}\t{host}.{sub}.{ns}.svc.cluster.local\t{host}\n")
+        }
         _ => s += &format!("{ip}\t{host}\n"),
     }
-    for a in spec.and_then(|s| s.host_aliases.as_ref()).into_iter().flatten() {
+    for a in spec
+        .and_then(|s| s.host_aliases.as_ref())
+        .into_iter()
+        .flatten()
+    {
         if let Some(names) = &a.hostnames {
-            s += &format!("\n# Entries added by HostAliases.\n{}\t{}\n", a.ip, names.join("\t"));
+            s += &format!(
+                "\n# Entries added by HostAliases.\n{}\t{}\n",
+                a.ip,
+                names.join("\t")
+            );
         }
     }
     s
@@ -978,20 +1116,34 @@ fn spawn(
     };
     let mut cmd = if mount_ns {
         let mut c = tokio::process::Command::new("unshare");
-        c.args(["--mount", "--uts", "--propagation", "private", "--", "/bin/sh", "-c"])
-            .arg(mount_script(mounts, workdir, hostname))
-            .arg("weir-pod")
-            .arg(prog)
-            .args(args);
+        c.args([
+            "--mount",
+            "--uts",
+            "--propagation",
+            "private",
+            "--",
+            "/bin/sh",
+            "-c",
+        ])
+        .arg(mount_script(mounts, workdir, hostname))
+        .arg("weir-pod")
+        .arg(prog)
+        .args(args);
         c
     } else {
         let mut c = tokio::process::Command::new(prog);
         c.args(args).current_dir(workdir);
         c
     };
-    let out = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)?;
     cmd.env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into()))
+        .env(
+            "PATH",
+            std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into()),
+        )
         .env("HOME", "/root")
         .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdin(Stdio::null())
@@ -1038,7 +1190,10 @@ mod tests {
         }))
         .unwrap();
         let h = hosts_file(&pod, "127.0.1.3");
-        assert!(h.contains("127.0.1.3\tw-0.w.jobs.svc.cluster.local\tw-0\n"), "{h}");
+        assert!(
+            h.contains("127.0.1.3\tw-0.w.jobs.svc.cluster.local\tw-0\n"),
+            "{h}"
+        );
         assert!(h.contains("127.0.1.9\tkafka\n"));
         assert!(h.contains("127.0.0.1\tlocalhost\n"));
     }
@@ -1051,9 +1206,20 @@ mod tests {
 
     #[test]
     fn script_binds_and_execs() {
-        let s = mount_script(&[(PathBuf::from("/nonexistent/v/tok"), "/var/run/secrets/x".into(), true)], "/", "p-1");
+        let s = mount_script(
+            &[(
+                PathBuf::from("/nonexistent/v/tok"),
+                "/var/run/secrets/x".into(),
+                true,
+            )],
+            "/",
+            "p-1",
+        );
         assert!(s.contains("hostname 'p-1'"));
-        assert!(s.contains("mount --bind '/nonexistent/v/tok' '/var/run/secrets/x'"), "{s}");
+        assert!(
+            s.contains("mount --bind '/nonexistent/v/tok' '/var/run/secrets/x'"),
+            "{s}"
+        );
         assert!(s.contains("remount,bind,ro"));
         assert!(s.ends_with("cd '/'\nexec \"$@\"\n"));
     }
@@ -1068,11 +1234,23 @@ mod tests {
     #[test]
     fn keyed_volume_files() {
         let d: BTreeMap<String, String> = [("a".to_string(), "1".to_string())].into();
-        assert_eq!(keyed_files(Some(&d), None, None, "configmap", "c").unwrap(), vec![("a".to_string(), b"1".to_vec())]);
-        let items = [KeyToPath { key: "a".into(), path: "sub/x".into(), mode: None }];
-        assert_eq!(keyed_files(Some(&d), Some(&items), None, "configmap", "c").unwrap()[0].0, "sub/x");
+        assert_eq!(
+            keyed_files(Some(&d), None, None, "configmap", "c").unwrap(),
+            vec![("a".to_string(), b"1".to_vec())]
+        );
+        let items = [KeyToPath {
+            key: "a".into(),
+            path: "sub/x".into(),
+            mode: None,
+        }];
+        assert_eq!(
+            keyed_files(Some(&d), Some(&items), None, "configmap", "c").unwrap()[0].0,
+            "sub/x"
+        );
         assert!(keyed_files(None, None, None, "secret", "s").is_err());
-        assert!(keyed_files(None, None, Some(true), "secret", "s").unwrap().is_empty());
+        assert!(keyed_files(None, None, Some(true), "secret", "s")
+            .unwrap()
+            .is_empty());
         assert!(write_atomic(Path::new("/tmp"), "../etc/x", b"").is_err());
     }
 }

@@ -21,7 +21,11 @@ pub enum Kind {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Check {
     Tcp(SocketAddr),
-    Http { addr: SocketAddr, path: String, headers: Vec<(String, String)> },
+    Http {
+        addr: SocketAddr,
+        path: String,
+        headers: Vec<(String, String)>,
+    },
     Exec(Vec<String>),
 }
 
@@ -37,14 +41,21 @@ pub struct ProbeCfg {
 
 fn port_of(c: &Container, p: &IntOrString) -> Result<u16, String> {
     match p {
-        IntOrString::Int(n) => u16::try_from(*n).map_err(|_| format!("probe port {n} is out of range")),
+        IntOrString::Int(n) => {
+            u16::try_from(*n).map_err(|_| format!("probe port {n} is out of range"))
+        }
         IntOrString::String(name) => c
             .ports
             .iter()
             .flatten()
             .find(|cp| cp.name.as_deref() == Some(name))
             .and_then(|cp| u16::try_from(cp.container_port).ok())
-            .ok_or_else(|| format!("probe port {name:?} is not a named port of container {:?}", c.name)),
+            .ok_or_else(|| {
+                format!(
+                    "probe port {name:?} is not a named port of container {:?}",
+                    c.name
+                )
+            }),
     }
 }
 
@@ -55,22 +66,39 @@ pub fn config(c: &Container, p: &Probe, pod_ip: IpAddr) -> Result<ProbeCfg, Stri
         match h.filter(|h| !h.is_empty()) {
             None => Ok(pod_ip),
             Some(h) if h == "localhost" => Ok(pod_ip),
-            Some(h) => h.parse().map_err(|_| format!("probe host {h:?} is not an IP address (no DNS here)")),
+            Some(h) => h
+                .parse()
+                .map_err(|_| format!("probe host {h:?} is not an IP address (no DNS here)")),
         }
     };
     let check = if let Some(h) = &p.http_get {
         let addr = SocketAddr::new(host(h.host.as_ref())?, port_of(c, &h.port)?);
-        if h.scheme.as_deref().is_some_and(|s| s.eq_ignore_ascii_case("https")) {
+        if h.scheme
+            .as_deref()
+            .is_some_and(|s| s.eq_ignore_ascii_case("https"))
+        {
             Check::Tcp(addr)
         } else {
             Check::Http {
                 addr,
-                path: h.path.clone().filter(|p| !p.is_empty()).unwrap_or_else(|| "/".into()),
-                headers: h.http_headers.iter().flatten().map(|x| (x.name.clone(), x.value.clone())).collect(),
+                path: h
+                    .path
+                    .clone()
+                    .filter(|p| !p.is_empty())
+                    .unwrap_or_else(|| "/".into()),
+                headers: h
+                    .http_headers
+                    .iter()
+                    .flatten()
+                    .map(|x| (x.name.clone(), x.value.clone()))
+                    .collect(),
             }
         }
     } else if let Some(t) = &p.tcp_socket {
-        Check::Tcp(SocketAddr::new(host(t.host.as_ref())?, port_of(c, &t.port)?))
+        Check::Tcp(SocketAddr::new(
+            host(t.host.as_ref())?,
+            port_of(c, &t.port)?,
+        ))
     } else if let Some(e) = &p.exec {
         Check::Exec(e.command.clone().unwrap_or_default())
     } else if let Some(g) = &p.grpc {
@@ -102,7 +130,13 @@ pub struct Counter {
 
 impl Counter {
     pub fn new(initial: bool, success_threshold: u32, failure_threshold: u32) -> Self {
-        Self { ok: initial, successes: 0, failures: 0, success_threshold, failure_threshold }
+        Self {
+            ok: initial,
+            successes: 0,
+            failures: 0,
+            success_threshold,
+            failure_threshold,
+        }
     }
 
     /// Record one result; Some(new state) when the state flips.
@@ -135,14 +169,20 @@ pub fn http_status(head: &[u8]) -> Option<u16> {
     parts.next()?.parse().ok()
 }
 
-async fn http_get(addr: SocketAddr, path: &str, headers: &[(String, String)]) -> Result<(), String> {
+async fn http_get(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(String, String)],
+) -> Result<(), String> {
     let mut s = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
     let mut req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: kube-probe/1.36\r\nAccept: */*\r\nConnection: close\r\n");
     for (k, v) in headers {
         req += &format!("{k}: {v}\r\n");
     }
     req += "\r\n";
-    s.write_all(req.as_bytes()).await.map_err(|e| e.to_string())?;
+    s.write_all(req.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
     let mut buf = vec![0u8; 256];
     let mut n = 0;
     while n < buf.len() && !buf[..n].contains(&b'\n') {
@@ -160,18 +200,36 @@ async fn http_get(addr: SocketAddr, path: &str, headers: &[(String, String)]) ->
 }
 
 /// Run one check. `pid` is the container's process, for exec probes.
-pub async fn check_once(cfg: &ProbeCfg, pid: i32, env: &[(String, String)], mount_ns: bool) -> Result<(), String> {
+pub async fn check_once(
+    cfg: &ProbeCfg,
+    pid: i32,
+    env: &[(String, String)],
+    mount_ns: bool,
+) -> Result<(), String> {
     let fut = async {
         match &cfg.check {
-            Check::Tcp(addr) => TcpStream::connect(addr).await.map(|_| ()).map_err(|e| e.to_string()),
-            Check::Http { addr, path, headers } => http_get(*addr, path, headers).await,
+            Check::Tcp(addr) => TcpStream::connect(addr)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            Check::Http {
+                addr,
+                path,
+                headers,
+            } => http_get(*addr, path, headers).await,
             Check::Exec(argv) => {
                 let mut cmd = if mount_ns {
                     let mut c = tokio::process::Command::new("nsenter");
-                    c.arg("--mount").arg("--target").arg(pid.to_string()).arg("--").args(argv);
+                    c.arg("--mount")
+                        .arg("--target")
+                        .arg(pid.to_string())
+                        .arg("--")
+                        .args(argv);
                     c
                 } else {
-                    let Some((p, a)) = argv.split_first() else { return Err("empty exec probe".into()) };
+                    let Some((p, a)) = argv.split_first() else {
+                        return Err("empty exec probe".into());
+                    };
                     let mut c = tokio::process::Command::new(p);
                     c.args(a);
                     c
@@ -193,7 +251,9 @@ pub async fn check_once(cfg: &ProbeCfg, pid: i32, env: &[(String, String)], moun
             }
         }
     };
-    tokio::time::timeout(cfg.timeout, fut).await.unwrap_or_else(|_| Err("probe timed out".into()))
+    tokio::time::timeout(cfg.timeout, fut)
+        .await
+        .unwrap_or_else(|_| Err("probe timed out".into()))
 }
 
 #[derive(Debug)]
@@ -219,13 +279,26 @@ pub async fn run(
     mount_ns: bool,
     tx: mpsc::UnboundedSender<ProbeEvent>,
 ) {
-    let mut counter = Counter::new(kind == Kind::Liveness, cfg.success_threshold, cfg.failure_threshold);
+    let mut counter = Counter::new(
+        kind == Kind::Liveness,
+        cfg.success_threshold,
+        cfg.failure_threshold,
+    );
     tokio::time::sleep(cfg.initial_delay).await;
     loop {
         let r = check_once(&cfg, pid, &env, mount_ns).await;
         let message = r.as_ref().err().cloned().unwrap_or_default();
         if let Some(ok) = counter.observe(r.is_ok()) {
-            if tx.send(ProbeEvent { idx, seq, kind, ok, message }).is_err() {
+            if tx
+                .send(ProbeEvent {
+                    idx,
+                    seq,
+                    kind,
+                    ok,
+                    message,
+                })
+                .is_err()
+            {
                 return;
             }
         }
@@ -239,28 +312,42 @@ mod tests {
     use serde_json::json;
 
     fn container() -> Container {
-        serde_json::from_value(json!({"name": "c", "ports": [{"name": "http", "containerPort": 8080}]})).unwrap()
+        serde_json::from_value(
+            json!({"name": "c", "ports": [{"name": "http", "containerPort": 8080}]}),
+        )
+        .unwrap()
     }
 
     #[test]
     fn config_defaults_and_named_ports() {
-        let p: Probe = serde_json::from_value(json!({"httpGet": {"path": "/readyz", "port": "http"}})).unwrap();
+        let p: Probe =
+            serde_json::from_value(json!({"httpGet": {"path": "/readyz", "port": "http"}}))
+                .unwrap();
         let ip: IpAddr = "127.0.1.9".parse().unwrap();
         let cfg = config(&container(), &p, ip).unwrap();
         assert_eq!(
             cfg.check,
-            Check::Http { addr: "127.0.1.9:8080".parse().unwrap(), path: "/readyz".into(), headers: vec![] }
+            Check::Http {
+                addr: "127.0.1.9:8080".parse().unwrap(),
+                path: "/readyz".into(),
+                headers: vec![]
+            }
         );
         assert_eq!(cfg.period, Duration::from_secs(10));
         assert_eq!((cfg.success_threshold, cfg.failure_threshold), (1, 3));
-        let p: Probe = serde_json::from_value(json!({"tcpSocket": {"port": 9}, "periodSeconds": 2})).unwrap();
+        let p: Probe =
+            serde_json::from_value(json!({"tcpSocket": {"port": 9}, "periodSeconds": 2})).unwrap();
         let cfg = config(&container(), &p, ip).unwrap();
         assert_eq!(cfg.check, Check::Tcp("127.0.1.9:9".parse().unwrap()));
         assert_eq!(cfg.period, Duration::from_secs(2));
         let p: Probe = serde_json::from_value(json!({"tcpSocket": {"port": "nope"}})).unwrap();
         assert!(config(&container(), &p, ip).unwrap_err().contains("nope"));
-        let p: Probe = serde_json::from_value(json!({"httpGet": {"port": 443, "scheme": "HTTPS"}})).unwrap();
-        assert_eq!(config(&container(), &p, ip).unwrap().check, Check::Tcp("127.0.1.9:443".parse().unwrap()));
+        let p: Probe =
+            serde_json::from_value(json!({"httpGet": {"port": 443, "scheme": "HTTPS"}})).unwrap();
+        assert_eq!(
+            config(&container(), &p, ip).unwrap().check,
+            Check::Tcp("127.0.1.9:443".parse().unwrap())
+        );
     }
 
     #[test]
@@ -280,7 +367,10 @@ mod tests {
     #[test]
     fn status_line() {
         assert_eq!(http_status(b"HTTP/1.1 200 OK\r\n"), Some(200));
-        assert_eq!(http_status(b"HTTP/1.0 503 Service Unavailable\r\nx"), Some(503));
+        assert_eq!(
+            http_status(b"HTTP/1.0 503 Service Unavailable\r\nx"),
+            Some(503)
+        );
         assert_eq!(http_status(b"garbage"), None);
     }
 
@@ -293,7 +383,9 @@ mod tests {
                 let (mut s, _) = l.accept().await.unwrap();
                 let mut buf = [0u8; 512];
                 let _ = s.read(&mut buf).await;
-                let _ = s.write_all(format!("HTTP/1.1 {code} X\r\nContent-Length: 0\r\n\r\n").as_bytes()).await;
+                let _ = s
+                    .write_all(format!("HTTP/1.1 {code} X\r\nContent-Length: 0\r\n\r\n").as_bytes())
+                    .await;
             }
         });
         let cfg = |check| ProbeCfg {
@@ -304,9 +396,16 @@ mod tests {
             success_threshold: 1,
             failure_threshold: 1,
         };
-        let http = cfg(Check::Http { addr, path: "/".into(), headers: vec![] });
+        let http = cfg(Check::Http {
+            addr,
+            path: "/".into(),
+            headers: vec![],
+        });
         assert!(check_once(&http, 0, &[], false).await.is_ok());
-        assert!(check_once(&http, 0, &[], false).await.unwrap_err().contains("500"));
+        assert!(check_once(&http, 0, &[], false)
+            .await
+            .unwrap_err()
+            .contains("500"));
         let closed = cfg(Check::Tcp("127.0.0.1:1".parse().unwrap()));
         assert!(check_once(&closed, 0, &[], false).await.is_err());
         let exec = cfg(Check::Exec(vec!["true".into()]));

@@ -12,9 +12,19 @@ use serde_json::{json, Value};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum CState {
-    Waiting { reason: String, message: Option<String> },
-    Running { started: Timestamp },
-    Terminated { exit_code: i32, reason: String, started: Timestamp, finished: Timestamp },
+    Waiting {
+        reason: String,
+        message: Option<String>,
+    },
+    Running {
+        started: Timestamp,
+    },
+    Terminated {
+        exit_code: i32,
+        reason: String,
+        started: Timestamp,
+        finished: Timestamp,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -73,21 +83,36 @@ pub fn exit_reason(code: i32) -> &'static str {
 
 /// Pod phase. `config_error` (an unknown image, a missing Secret) fails the
 /// pod: there is nothing to retry against on this node.
-pub fn phase(policy: RestartPolicy, ctrs: &[Ctr], config_error: bool, deleting: bool) -> &'static str {
+pub fn phase(
+    policy: RestartPolicy,
+    ctrs: &[Ctr],
+    config_error: bool,
+    deleting: bool,
+) -> &'static str {
     if config_error {
         return "Failed";
     }
     let terminal: Vec<i32> = ctrs
         .iter()
         .filter_map(|c| match &c.state {
-            CState::Terminated { exit_code, .. } if deleting || !policy.restarts(*exit_code) => Some(*exit_code),
+            CState::Terminated { exit_code, .. } if deleting || !policy.restarts(*exit_code) => {
+                Some(*exit_code)
+            }
             _ => None,
         })
         .collect();
     if !ctrs.is_empty() && terminal.len() == ctrs.len() {
-        return if terminal.iter().all(|c| *c == 0) { "Succeeded" } else { "Failed" };
+        return if terminal.iter().all(|c| *c == 0) {
+            "Succeeded"
+        } else {
+            "Failed"
+        };
     }
-    let started = ctrs.iter().any(|c| matches!(c.state, CState::Running { .. }) || c.last.is_some() || matches!(c.state, CState::Terminated { .. }));
+    let started = ctrs.iter().any(|c| {
+        matches!(c.state, CState::Running { .. })
+            || c.last.is_some()
+            || matches!(c.state, CState::Terminated { .. })
+    });
     if started {
         "Running"
     } else {
@@ -102,14 +127,24 @@ fn time(t: Timestamp) -> Time {
 fn state(s: &CState) -> ContainerState {
     match s {
         CState::Waiting { reason, message } => ContainerState {
-            waiting: Some(ContainerStateWaiting { reason: Some(reason.clone()), message: message.clone() }),
+            waiting: Some(ContainerStateWaiting {
+                reason: Some(reason.clone()),
+                message: message.clone(),
+            }),
             ..Default::default()
         },
         CState::Running { started } => ContainerState {
-            running: Some(ContainerStateRunning { started_at: Some(time(*started)) }),
+            running: Some(ContainerStateRunning {
+                started_at: Some(time(*started)),
+            }),
             ..Default::default()
         },
-        CState::Terminated { exit_code, reason, started, finished } => ContainerState {
+        CState::Terminated {
+            exit_code,
+            reason,
+            started,
+            finished,
+        } => ContainerState {
             terminated: Some(ContainerStateTerminated {
                 exit_code: *exit_code,
                 reason: Some(reason.clone()),
@@ -140,7 +175,11 @@ pub fn container_status(c: &Ctr) -> ContainerStatus {
 
 /// Conditions, keeping a condition's lastTransitionTime while its status
 /// does not change.
-pub fn conditions(prev: &[PodCondition], want: &[(&str, bool)], now: Timestamp) -> Vec<PodCondition> {
+pub fn conditions(
+    prev: &[PodCondition],
+    want: &[(&str, bool)],
+    now: Timestamp,
+) -> Vec<PodCondition> {
     want.iter()
         .map(|(ty, ok)| {
             let status = if *ok { "True" } else { "False" };
@@ -225,11 +264,19 @@ mod tests {
     }
 
     fn term(code: i32) -> CState {
-        CState::Terminated { exit_code: code, reason: exit_reason(code).into(), started: ts(0), finished: ts(5) }
+        CState::Terminated {
+            exit_code: code,
+            reason: exit_reason(code).into(),
+            started: ts(0),
+            finished: ts(5),
+        }
     }
 
     fn waiting() -> CState {
-        CState::Waiting { reason: "ContainerCreating".into(), message: None }
+        CState::Waiting {
+            reason: "ContainerCreating".into(),
+            message: None,
+        }
     }
 
     #[test]
@@ -237,18 +284,27 @@ mod tests {
         use RestartPolicy::*;
         let running = ctr(CState::Running { started: ts(0) });
         assert_eq!(phase(Always, &[ctr(waiting())], false, false), "Pending");
-        assert_eq!(phase(Always, &[running.clone()], false, false), "Running");
+        assert_eq!(
+            phase(Always, std::slice::from_ref(&running), false, false),
+            "Running"
+        );
         assert_eq!(phase(Never, &[ctr(term(0))], false, false), "Succeeded");
         assert_eq!(phase(Never, &[ctr(term(3))], false, false), "Failed");
         assert_eq!(phase(OnFailure, &[ctr(term(0))], false, false), "Succeeded");
         // Restarting: still Running.
         assert_eq!(phase(OnFailure, &[ctr(term(1))], false, false), "Running");
         assert_eq!(phase(Always, &[ctr(term(0))], false, false), "Running");
-        let mut backoff = ctr(CState::Waiting { reason: "CrashLoopBackOff".into(), message: None });
+        let mut backoff = ctr(CState::Waiting {
+            reason: "CrashLoopBackOff".into(),
+            message: None,
+        });
         backoff.last = Some(term(1));
         assert_eq!(phase(Always, &[backoff], false, false), "Running");
         // Mixed: one still runs.
-        assert_eq!(phase(Never, &[ctr(term(0)), running], false, false), "Running");
+        assert_eq!(
+            phase(Never, &[ctr(term(0)), running], false, false),
+            "Running"
+        );
         assert_eq!(phase(Always, &[ctr(waiting())], true, false), "Failed");
         // Deleted pods do not restart: Always + exit 0 is terminal then.
         assert_eq!(phase(Always, &[ctr(term(0))], false, true), "Succeeded");
@@ -322,15 +378,26 @@ mod tests {
         assert_eq!(s["phase"], "Running");
         assert_eq!(s["containerStatuses"][0]["ready"], false);
         assert_eq!(s["containerStatuses"][0]["started"], true);
-        assert!(s["conditions"].as_array().unwrap().iter().any(|x| x["type"] == "Ready" && x["status"] == "False"));
+        assert!(s["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["type"] == "Ready" && x["status"] == "False"));
         c.ready = true;
         let s = input(&[c]);
-        assert!(s["conditions"].as_array().unwrap().iter().any(|x| x["type"] == "Ready" && x["status"] == "True"));
+        assert!(s["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["type"] == "Ready" && x["status"] == "True"));
     }
 
     #[test]
     fn image_error_fails_the_pod() {
-        let c = ctr(CState::Waiting { reason: "ErrImagePull".into(), message: Some("no".into()) });
+        let c = ctr(CState::Waiting {
+            reason: "ErrImagePull".into(),
+            message: Some("no".into()),
+        });
         let s = build_status(&StatusInput {
             policy: RestartPolicy::Always,
             ctrs: &[c],
@@ -344,9 +411,18 @@ mod tests {
         });
         assert_eq!(s["phase"], "Failed");
         assert_eq!(s["reason"], "ErrImagePull");
-        assert_eq!(s["containerStatuses"][0]["state"]["waiting"]["reason"], "ErrImagePull");
+        assert_eq!(
+            s["containerStatuses"][0]["state"]["waiting"]["reason"],
+            "ErrImagePull"
+        );
         assert_eq!(s["containerStatuses"][0]["ready"], false);
-        let ready = s["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Ready").unwrap().clone();
+        let ready = s["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .unwrap()
+            .clone();
         assert_eq!(ready["status"], "False");
     }
 
