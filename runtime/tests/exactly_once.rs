@@ -73,12 +73,13 @@ fn worker_kills_keep_exactly_once_at_parallelism_4() {
 /// Kills the whole process tree of `weir run` a few times and resumes each
 /// time with `--restore latest` (and, with `rescale`, at another parallelism).
 fn tree_kills_keep_exactly_once(parallelism: u32, rescale: Option<&str>) {
-    let job = Job::counting(parallelism, 90_000, 53, 30_000, "200ms");
+    // 5 s of events; three rounds of at most 0.9 s each cannot finish it.
+    let job = Job::counting(parallelism, 150_000, 53, 30_000, "200ms");
     let mut rng = rand::rng();
     let mut restore_args: Vec<&str> = Vec::new();
     for round in 0..3 {
         let child = job.spawn(&restore_args);
-        std::thread::sleep(Duration::from_millis(rng.random_range(600..1400)));
+        std::thread::sleep(Duration::from_millis(rng.random_range(400..900)));
         kill_group(child.id());
         let out = child.wait_with_output().unwrap();
         assert!(!out.status.success(), "round {round}: the job ended before it was killed; make it longer");
