@@ -245,11 +245,14 @@ async fn run_command(command: Command) -> anyhow::Result<()> {
             for j in &jobs {
                 let storage = CheckpointStorage::open(&state_dir, j, false)?;
                 for s in storage.list().await? {
-                    all.push((j.clone(), s));
+                    // Sizes are listed only here: retention, which lists after
+                    // every checkpoint, has no use for them.
+                    let size = storage.dir(&s.dir).size().await.unwrap_or(0);
+                    all.push((j.clone(), s, size));
                 }
             }
             if json {
-                let v: Vec<_> = all.iter().map(|(j, s)| serde_json::json!({"job": j, "snapshot": s})).collect();
+                let v: Vec<_> = all.iter().map(|(j, s, size)| serde_json::json!({"job": j, "snapshot": s, "size_bytes": size})).collect();
                 println!("{}", serde_json::to_string_pretty(&v)?);
                 return Ok(());
             }
@@ -258,14 +261,14 @@ async fn run_command(command: Command) -> anyhow::Result<()> {
                 return Ok(());
             }
             println!("{:<16} {:<10} {:>6} {:<10} {:>10}  {:<7} {}", "JOB", "KIND", "ID", "STATE", "SIZE", "LATEST", "PATH");
-            for (j, s) in all {
+            for (j, s, size) in all {
                 println!(
                     "{:<16} {:<10} {:>6} {:<10} {:>10}  {:<7} {}",
                     j,
                     format!("{:?}", s.kind).to_lowercase(),
                     s.id,
                     if s.complete { "complete" } else { "incomplete" },
-                    s.size_bytes,
+                    size,
                     if s.is_latest { "*" } else { "" },
                     s.location
                 );

@@ -191,7 +191,6 @@ pub struct SnapshotInfo {
     /// Complete: the metadata is there and readable.
     pub complete: bool,
     pub created_unix_ms: Option<u64>,
-    pub size_bytes: u64,
     pub is_latest: bool,
 }
 
@@ -265,7 +264,6 @@ impl CheckpointStorage {
                     dir: rel,
                     complete: meta.is_some(),
                     created_unix_ms: meta.map(|m| m.created_unix_ms),
-                    size_bytes: loc.size().await.unwrap_or(0),
                     location: loc.display,
                 });
             }
