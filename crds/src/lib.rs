@@ -7,8 +7,10 @@
 //! field.
 //!
 //! `streamjob` is the Kubernetes custom resource the operator reconciles; it
-//! embeds the pipeline format unchanged.
+//! embeds the pipeline format unchanged. `control` holds the wire types of a
+//! job's HTTP control endpoint (membership, status, savepoints).
 
+pub mod control;
 pub mod pipeline;
 pub mod streamjob;
 

@@ -1,0 +1,157 @@
+//! The wire types of a job's HTTP control endpoint, shared by the runtime
+//! (which serves it) and the operator and CLI (which call it).
+//!
+//! Every worker process serves the endpoint. Only the coordinator's host
+//! (worker 0) answers for the job (progress, savepoints); before a worker has
+//! its membership, it answers `PUT /v1/membership` and health checks only.
+//! Every call but `GET /healthz` needs `Authorization: Bearer <token>`, the
+//! per-job token the operator keeps in a Secret.
+//!
+//! Routes:
+//! - `GET  /healthz` → `ok` (no token).
+//! - `GET  /v1/status` → [`JobStatus`].
+//! - `PUT  /v1/membership` with a [`Membership`] → 200 when accepted or when the
+//!   same run is already set, 409 when another run was set before, 400 when it
+//!   does not fit this worker (e.g. fewer workers than its index).
+//! - `POST /v1/savepoints` with an optional [`SavepointRequest`] → 202 with a
+//!   [`SavepointOutcome`]. Posting a request id again returns that request's
+//!   outcome instead of taking a second savepoint, so a caller that restarted
+//!   can ask again safely. 503 while the job is not running yet.
+//! - `GET  /v1/savepoints/{request_id}` → [`SavepointOutcome`], 404 when unknown
+//!   to this run.
+//!
+//! Field names are snake_case (these are not Kubernetes objects).
+
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+/// Port of the control endpoint in a worker pod.
+pub const CONTROL_PORT: u16 = 6120;
+/// Port of a worker pod's data (exchange) listener.
+pub const DATA_PORT: u16 = 6121;
+/// Port of the coordinator's worker-control listener (worker 0's pod only).
+pub const COORDINATOR_PORT: u16 = 6122;
+
+/// Where every process of one run (attempt) of a job listens. Workers learn it
+/// from whoever starts them (the local supervisor, or the operator), never from DNS.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Membership {
+    /// Unique per run of the job; names its output files and keeps
+    /// connections of an earlier run out.
+    pub run_id: String,
+    /// The data address of each worker, by index.
+    pub workers: Vec<SocketAddr>,
+    /// The coordinator's control address (hosted by worker 0).
+    pub coordinator: SocketAddr,
+    /// The HTTP control endpoint of the job (hosted by worker 0).
+    pub api: SocketAddr,
+}
+
+impl Membership {
+    /// The membership of pods with these IPs (by worker index), using the standard ports.
+    pub fn of_pods(run_id: impl Into<String>, pod_ips: &[std::net::IpAddr]) -> Option<Membership> {
+        let first = *pod_ips.first()?;
+        Some(Membership {
+            run_id: run_id.into(),
+            workers: pod_ips.iter().map(|ip| SocketAddr::new(*ip, DATA_PORT)).collect(),
+            coordinator: SocketAddr::new(first, COORDINATOR_PORT),
+            api: SocketAddr::new(first, CONTROL_PORT),
+        })
+    }
+
+    /// Subtask `subtask` of every stage runs in worker `subtask % workers` (slot sharing).
+    pub fn worker_of(&self, subtask: u32) -> u32 {
+        subtask % self.workers.len().max(1) as u32
+    }
+}
+
+/// A completed checkpoint or savepoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointStatus {
+    pub id: u64,
+    /// Where it is stored; a savepoint's location can be given to `--restore`
+    /// and to `spec.initialSavepoint` as is.
+    pub location: String,
+    pub completed_unix_ms: u64,
+    pub duration_ms: u64,
+}
+
+/// The job as its coordinator sees it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobStatus {
+    pub job: String,
+    pub run_id: String,
+    /// awaiting-membership, starting, running, finishing, finished
+    pub phase: String,
+    pub guarantee: String,
+    pub parallelism: u32,
+    pub records_in: u64,
+    pub records_out: u64,
+    pub latest_checkpoint: Option<CheckpointStatus>,
+    pub last_savepoint: Option<CheckpointStatus>,
+    pub checkpoint_in_progress: Option<u64>,
+    pub checkpoints_completed: u64,
+    pub checkpoints_failed: u64,
+    pub last_checkpoint_failure: Option<String>,
+    /// The checkpoint or savepoint this run started from; `None` for a fresh start.
+    pub restored_from: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavepointRequest {
+    /// Chosen by the caller so that asking again after a restart does not take a
+    /// second savepoint. Generated when absent.
+    #[serde(default)]
+    pub request_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SavepointState {
+    Pending,
+    Completed,
+    Failed,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavepointOutcome {
+    pub request_id: String,
+    pub state: SavepointState,
+    /// Set when completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub savepoint: Option<CheckpointStatus>,
+    /// Set when failed: why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The error body of every non-2xx answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn membership_of_pods_puts_the_coordinator_and_api_on_worker_zero() {
+        let ips: Vec<std::net::IpAddr> = vec!["10.0.0.5".parse().unwrap(), "10.0.0.6".parse().unwrap()];
+        let m = Membership::of_pods("run-1", &ips).unwrap();
+        assert_eq!(m.workers, vec!["10.0.0.5:6121".parse().unwrap(), "10.0.0.6:6121".parse().unwrap()]);
+        assert_eq!(m.coordinator, "10.0.0.5:6122".parse().unwrap());
+        assert_eq!(m.api, "10.0.0.5:6120".parse().unwrap());
+        assert_eq!(m.worker_of(3), 1);
+        assert!(Membership::of_pods("run-1", &[]).is_none());
+    }
+
+    #[test]
+    fn a_savepoint_request_without_an_id_parses() {
+        let r: SavepointRequest = serde_json::from_str("{}").unwrap();
+        assert_eq!(r.request_id, None);
+        let o: SavepointOutcome = serde_json::from_str(r#"{"request_id":"a","state":"pending"}"#).unwrap();
+        assert_eq!(o.state, SavepointState::Pending);
+    }
+}
