@@ -18,7 +18,7 @@ pub use spec::{
     MAX_PARALLELISM_LIMIT, STORAGE_URI_MESSAGE, STORAGE_URI_RULE,
 };
 pub use status::{
-    condition_types, CheckpointRef, Failure, PendingSavepoint, Phase, SavepointReason,
+    condition_types, CheckpointRef, Failure, PendingSavepoint, Phase, RunStatus, SavepointReason,
     SavepointRef, StreamJobStatus, SAVEPOINT_HISTORY_LIMIT,
 };
 pub use validation::{PipelineDocument, PIPELINE_ERROR_NAME};

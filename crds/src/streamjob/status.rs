@@ -35,6 +35,16 @@ pub struct StreamJobStatus {
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
 
+    /// When the job entered its current phase; bounds waits and feeds the
+    /// transition-duration metric.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase_since: Option<Time>,
+
+    /// The run (set of worker pods) the controller started last. Written before
+    /// its pods are created, so a restarted controller finds them by `run.id`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<RunStatus>,
+
     /// The metadata.generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
@@ -77,6 +87,10 @@ pub struct StreamJobStatus {
     /// Restarts after failures since the job was created.
     #[serde(default)]
     pub restarts: i32,
+
+    /// Restarts since a checkpoint last completed; past spec.restartBackoff.limit the job is Failed.
+    #[serde(default)]
+    pub restarts_in_a_row: i32,
 
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure: Option<Failure>,
@@ -139,6 +153,27 @@ pub struct PendingSavepoint {
     /// The coordinator's id for the request, when it returned one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
+}
+
+/// One run of the job: its worker pods, labelled `weir.dev/run=<id>`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunStatus {
+    /// Unique per run; also names the run's output files.
+    pub id: String,
+    /// Counts runs of this StreamJob, from 1.
+    pub number: i64,
+    /// Hash of the spec the run's pods were built from.
+    pub spec_hash: String,
+    /// What the run restores from: a savepoint or checkpoint location, `latest`
+    /// (the latest completed checkpoint, or a fresh start when there is none),
+    /// or nothing (a fresh start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_from: Option<String>,
+    /// Set before the pods are created: from then on a missing pod is a failure.
+    #[serde(default)]
+    pub pods_created: bool,
+    pub started_at: Time,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]

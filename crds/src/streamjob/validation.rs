@@ -104,6 +104,14 @@ impl StreamJobSpec {
     /// rendered document). Parallelism, max parallelism and checkpoint settings
     /// come from the spec.
     pub fn validate_pipeline(&self) -> Result<PipelineSpec, PipelineError> {
+        let text = self.effective_pipeline_yaml()?;
+        PipelineSpec::from_yaml(PIPELINE_ERROR_NAME, &text)
+    }
+
+    /// The pipeline file the workers run: `spec.pipeline` with parallelism, max
+    /// parallelism and checkpoint settings from the spec. Not validated; see
+    /// [`Self::validate_pipeline`].
+    pub fn effective_pipeline_yaml(&self) -> Result<String, PipelineError> {
         let Value::Object(written) = &self.pipeline.0 else {
             return Err(invalid(
                 "",
@@ -153,13 +161,12 @@ impl StreamJobSpec {
                 "retain": c.retain,
             }),
         );
-        let text = serde_yaml::to_string(&Value::Object(effective)).map_err(|e| {
+        serde_yaml::to_string(&Value::Object(effective)).map_err(|e| {
             PipelineError::Syntax {
                 file: PIPELINE_ERROR_NAME.into(),
                 message: e.to_string(),
             }
-        })?;
-        PipelineSpec::from_yaml(PIPELINE_ERROR_NAME, &text)
+        })
     }
 }
 
