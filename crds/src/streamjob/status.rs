@@ -76,6 +76,11 @@ pub struct StreamJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_savepoint: Option<PendingSavepoint>,
 
+    /// The spec.initialSavepoint the first run started from; a later change to
+    /// spec.initialSavepoint does not apply to an existing job (status says so).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial_savepoint: Option<String>,
+
     /// The spec.savepointTrigger value last acted on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_savepoint_trigger: Option<String>,
@@ -170,9 +175,15 @@ pub struct RunStatus {
     /// or nothing (a fresh start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore_from: Option<String>,
+    /// How many worker pods the run has (one per subtask index).
+    pub workers: i32,
     /// Set before the pods are created: from then on a missing pod is a failure.
     #[serde(default)]
     pub pods_created: bool,
+    /// The pods are not created before this time (restart backoff).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<Time>,
+    /// When the controller decided on this run.
     pub started_at: Time,
 }
 

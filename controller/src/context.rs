@@ -1,0 +1,29 @@
+//! What every reconcile shares: the API client, the workers' client, the
+//! event recorder, metrics and settings.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use kube::runtime::events::{Recorder, Reporter};
+use kube::Client;
+
+use crate::desired::WorkerSettings;
+use crate::metrics::Metrics;
+use crate::worker_api::WorkerApi;
+
+pub struct Context {
+    pub client: Client,
+    pub workers: Arc<dyn WorkerApi>,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    pub settings: WorkerSettings,
+    /// Control tokens by StreamJob uid, read from their Secrets once.
+    pub tokens: Mutex<HashMap<String, String>>,
+}
+
+impl Context {
+    pub fn new(client: Client, workers: Arc<dyn WorkerApi>, metrics: Arc<Metrics>, settings: WorkerSettings, instance: Option<String>) -> Context {
+        let reporter = Reporter { controller: crate::FIELD_MANAGER.into(), instance };
+        Context { recorder: Recorder::new(client.clone(), reporter), client, workers, metrics, settings, tokens: Mutex::new(HashMap::new()) }
+    }
+}

@@ -1,0 +1,104 @@
+//! The objects a StreamJob's run consists of, built purely from the
+//! StreamJob, its run and the operator's settings. The reconciler applies
+//! them with server-side apply; nothing here talks to the API server.
+
+mod pod;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServicePort, ServiceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::ByteString;
+use kube::{Resource, ResourceExt};
+use weir_api::control::{CONTROL_PORT, COORDINATOR_PORT, DATA_PORT};
+use weir_api::streamjob::StreamJob;
+
+use crate::error::{Error, Result};
+use crate::names;
+
+pub use pod::{worker_pod, WorkerSettings};
+
+/// Labels of every object a job owns.
+pub fn job_labels(job: &StreamJob) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (names::JOB_LABEL.to_string(), job.name_any()),
+        ("app.kubernetes.io/name".to_string(), "weir".to_string()),
+        ("app.kubernetes.io/instance".to_string(), job.name_any()),
+        ("app.kubernetes.io/managed-by".to_string(), crate::FIELD_MANAGER.to_string()),
+    ])
+}
+
+/// Owned objects are garbage-collected with the StreamJob.
+pub fn owner(job: &StreamJob) -> Result<OwnerReference> {
+    job.controller_owner_ref(&()).ok_or_else(|| Error::Build { object: job.name_any(), message: "the StreamJob has no uid yet".into() })
+}
+
+fn meta(job: &StreamJob, name: String) -> Result<ObjectMeta> {
+    Ok(ObjectMeta {
+        name: Some(name),
+        namespace: job.namespace(),
+        labels: Some(job_labels(job)),
+        owner_references: Some(vec![owner(job)?]),
+        ..Default::default()
+    })
+}
+
+/// The pipeline file the workers read (spec.pipeline with the spec's
+/// parallelism and checkpoint settings).
+pub fn pipeline_config_map(job: &StreamJob) -> Result<ConfigMap> {
+    let yaml = job
+        .spec
+        .effective_pipeline_yaml()
+        .map_err(|e| Error::Build { object: names::pipeline_config_map(&job.name_any()), message: e.to_string() })?;
+    Ok(ConfigMap {
+        metadata: meta(job, names::pipeline_config_map(&job.name_any()))?,
+        data: Some(BTreeMap::from([(names::PIPELINE_KEY.to_string(), yaml)])),
+        ..Default::default()
+    })
+}
+
+/// The Secret holding the job's control token. Created once: the token must
+/// not change while workers hold it.
+pub fn token_secret(job: &StreamJob, token: &str) -> Result<Secret> {
+    Ok(Secret {
+        metadata: meta(job, names::token_secret(&job.name_any()))?,
+        type_: Some("Opaque".into()),
+        data: Some(BTreeMap::from([(names::TOKEN_KEY.to_string(), ByteString(token.as_bytes().to_vec()))])),
+        ..Default::default()
+    })
+}
+
+/// A headless Service over the job's workers: a stable name for people and
+/// tools to find the pods. Workers themselves never resolve it.
+pub fn workers_service(job: &StreamJob) -> Result<Service> {
+    let port = |name: &str, port: u16| ServicePort { name: Some(name.into()), port: port.into(), ..Default::default() };
+    Ok(Service {
+        metadata: meta(job, names::service(&job.name_any()))?,
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".into()),
+            selector: Some(BTreeMap::from([(names::JOB_LABEL.to_string(), job.name_any())])),
+            ports: Some(vec![port("control", CONTROL_PORT), port("data", DATA_PORT), port("coordinator", COORDINATOR_PORT)]),
+            publish_not_ready_addresses: Some(true),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+}
+
+/// A new random control token (256 bits, hex).
+pub fn new_token() -> String {
+    use rand::RngCore;
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Where a job's checkpoints go: its own directory under the storage URI, so
+/// that jobs sharing a storage location never see each other's state.
+pub fn state_dir(job: &StreamJob) -> String {
+    let base = job.spec.checkpoint.storage.trim_end_matches('/');
+    format!("{base}/{}/{}", job.namespace().unwrap_or_else(|| "default".into()), job.name_any())
+}
+
+#[cfg(test)]
+mod tests;

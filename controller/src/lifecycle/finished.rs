@@ -1,0 +1,31 @@
+//! Every source ended and the final checkpoint committed. The pods are kept
+//! (their logs); spec.restartTrigger or a spec change runs the job again
+//! from its final state.
+
+use std::time::Duration;
+
+use weir_api::streamjob::StreamJobStatus;
+
+use super::run::{new_run, LATEST};
+use super::{Cx, Deploying, State, Step};
+
+pub struct Finished;
+
+impl State for Finished {
+    const PHASE: Option<weir_api::streamjob::Phase> = Some(weir_api::streamjob::Phase::Finished);
+
+    fn step(cx: &Cx, st: &mut StreamJobStatus) -> Step {
+        let spec = &cx.job.spec;
+        let restart_asked = spec.restart_trigger.is_some() && spec.restart_trigger != st.observed_restart_trigger;
+        let spec_changed = st.run.as_ref().is_some_and(|r| r.spec_hash != cx.spec_hash);
+        if !(restart_asked || spec_changed) || cx.validation.is_err() {
+            return Step::stay::<Finished>();
+        }
+        st.observed_restart_trigger = spec.restart_trigger.clone();
+        new_run(cx, st, Some(LATEST.into()), None);
+        Step::to::<Finished, Deploying>()
+            .event("Deploying", "running the finished job again from its final state")
+            .message("deploying again from the final checkpoint")
+            .requeue(Duration::ZERO)
+    }
+}

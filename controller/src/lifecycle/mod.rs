@@ -1,0 +1,257 @@
+//! The job lifecycle as an explicit state machine.
+//!
+//! Each phase of `status.phase` is a state with its own file; a state's `step`
+//! looks at the StreamJob and what was observed and returns a [`Step`]: the
+//! next phase, the effects to carry out and the events to publish. A step can
+//! only name a next phase its state may go to: `Step::to::<From, To>()`
+//! compiles only where `From: TransitionTo<To>`, so the transition table below
+//! is the whole graph.
+//!
+//! [`decide`] is pure. The reconciler writes the status it returns *before*
+//! carrying out the effects, and every effect is idempotent given that status
+//! (pods are named by run, savepoint requests carry an id), so an operator
+//! restarted between the two continues without repeating anything that
+//! matters: a savepoint it already asked for is awaited, not taken twice.
+
+mod created;
+mod deleting;
+mod deploying;
+mod failed;
+mod finished;
+mod recovering;
+mod run;
+mod running;
+mod savepoint;
+mod savepointing;
+mod status;
+mod suspended;
+mod suspending;
+mod upgrading;
+
+#[cfg(test)]
+mod tests;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use weir_api::control::Membership;
+use weir_api::streamjob::{Phase, StreamJob, StreamJobStatus};
+
+use crate::observe::Observed;
+use crate::spec_hash::spec_hash;
+
+pub use created::Created;
+pub use deleting::Deleting;
+pub use deploying::Deploying;
+pub use failed::Failed;
+pub use finished::Finished;
+pub use recovering::Recovering;
+pub use running::Running;
+pub use savepointing::Savepointing;
+pub use suspended::Suspended;
+pub use suspending::Suspending;
+pub use upgrading::Upgrading;
+
+/// A lifecycle state. `PHASE` is what `status.phase` shows (`None`: the job
+/// was never reconciled).
+pub trait State {
+    const PHASE: Option<Phase>;
+    fn step(cx: &Cx, st: &mut StreamJobStatus) -> Step;
+}
+
+/// `From: TransitionTo<To>` allows a step of `From` to move the job to `To`.
+pub trait TransitionTo<To: State>: State {}
+
+macro_rules! transitions {
+    ($($from:ty => [$($to:ty),*];)*) => {
+        $($(impl TransitionTo<$to> for $from {})*)*
+    };
+}
+
+// The whole lifecycle graph. Every state may go to Deleting (a deletion can
+// start at any time); Deleting is terminal.
+transitions! {
+    Created => [Deploying, Suspended, Failed, Deleting];
+    Deploying => [Running, Recovering, Failed, Finished, Deleting];
+    Running => [Savepointing, Upgrading, Recovering, Suspending, Finished, Failed, Deleting];
+    Savepointing => [Running, Recovering, Failed, Deleting];
+    Upgrading => [Running, Recovering, Failed, Finished, Deleting];
+    Recovering => [Running, Failed, Finished, Deleting];
+    Suspending => [Suspended, Running, Recovering, Failed, Deleting];
+    Suspended => [Deploying, Deleting];
+    Failed => [Deploying, Deleting];
+    Finished => [Deploying, Deleting];
+}
+
+/// What a step wants done after its status is written.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    /// Apply the pipeline ConfigMap, the workers' Service, the control token
+    /// Secret (only when absent) and the pods of `status.run`.
+    CreateRun,
+    /// Delete every pod of the job that does not belong to `status.run`.
+    DeleteOtherPods,
+    /// Delete every pod of the job.
+    DeleteAllPods,
+    /// Give every worker of the run its membership.
+    SendMembership { membership: Membership, workers: Vec<SocketAddr> },
+    /// Ask the coordinator for a savepoint (same id: same savepoint).
+    RequestSavepoint { api: SocketAddr, request_id: String, stop: bool },
+    /// Let the API server delete the StreamJob.
+    RemoveFinalizer,
+}
+
+/// An event to publish on the StreamJob.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Note {
+    pub warning: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+/// One state's answer.
+#[derive(Debug, Clone)]
+pub struct Step {
+    next: Option<Phase>,
+    effects: Vec<Effect>,
+    notes: Vec<Note>,
+    requeue: Duration,
+    message: Option<String>,
+    degraded: Option<(String, String)>,
+}
+
+impl Step {
+    fn new(next: Option<Phase>) -> Step {
+        Step { next, effects: Vec::new(), notes: Vec::new(), requeue: Duration::from_secs(300), message: None, degraded: None }
+    }
+
+    /// Stay in state `S`.
+    pub fn stay<S: State>() -> Step {
+        Step::new(S::PHASE)
+    }
+
+    /// Move from `F` to `T`; compiles only for transitions in the table.
+    pub fn to<F: TransitionTo<T>, T: State>() -> Step {
+        Step::new(T::PHASE)
+    }
+
+    pub fn effect(mut self, e: Effect) -> Step {
+        self.effects.push(e);
+        self
+    }
+
+    pub fn effects(mut self, e: impl IntoIterator<Item = Effect>) -> Step {
+        self.effects.extend(e);
+        self
+    }
+
+    pub fn event(mut self, reason: &str, message: impl Into<String>) -> Step {
+        self.notes.push(Note { warning: false, reason: reason.into(), message: message.into() });
+        self
+    }
+
+    pub fn warning(mut self, reason: &str, message: impl Into<String>) -> Step {
+        self.notes.push(Note { warning: true, reason: reason.into(), message: message.into() });
+        self
+    }
+
+    /// Look again after `d` (watch events on the job and its pods come sooner).
+    pub fn requeue(mut self, d: Duration) -> Step {
+        self.requeue = d;
+        self
+    }
+
+    /// The one-line status message.
+    pub fn message(mut self, m: impl Into<String>) -> Step {
+        self.message = Some(m.into());
+        self
+    }
+
+    /// Sets the Degraded condition (reason, message) for this step.
+    pub fn degraded(mut self, reason: &str, message: impl Into<String>) -> Step {
+        self.degraded = Some((reason.into(), message.into()));
+        self
+    }
+}
+
+/// What a state step sees.
+pub struct Cx<'a> {
+    pub job: &'a StreamJob,
+    pub obs: &'a Observed,
+    pub now: Timestamp,
+    /// Hash of the current spec's pod-shaping fields.
+    pub spec_hash: String,
+    /// The spec's validation: the pipeline's guarantee, or why it cannot run.
+    pub validation: Result<weir_api::Guarantee, String>,
+}
+
+/// The outcome of one reconcile's decision.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    pub status: StreamJobStatus,
+    pub effects: Vec<Effect>,
+    pub notes: Vec<Note>,
+    pub requeue: Duration,
+    /// (from, to, time spent in `from`) when the phase changed.
+    pub transition: Option<(Option<Phase>, Phase, Duration)>,
+}
+
+/// Decides the next status and effects of `job` from what was observed.
+pub fn decide(job: &StreamJob, obs: &Observed) -> Decision {
+    let validation = job.spec.validate().map(|p| p.guarantee()).map_err(|e| e.to_string());
+    let cx = Cx { job, obs, now: obs.now, spec_hash: spec_hash(&job.spec), validation };
+    let mut st = job.status.clone().unwrap_or_default();
+    let before = st.phase;
+    let step = if job.metadata.deletion_timestamp.is_some() {
+        match before {
+            Some(Phase::Deleting) => Deleting::step(&cx, &mut st),
+            _ => to_deleting(before),
+        }
+    } else {
+        match before {
+            None => Created::step(&cx, &mut st),
+            Some(Phase::Deploying) => Deploying::step(&cx, &mut st),
+            Some(Phase::Running) => Running::step(&cx, &mut st),
+            Some(Phase::Savepointing) => Savepointing::step(&cx, &mut st),
+            Some(Phase::Upgrading) => Upgrading::step(&cx, &mut st),
+            Some(Phase::Recovering) => Recovering::step(&cx, &mut st),
+            Some(Phase::Suspending) => Suspending::step(&cx, &mut st),
+            Some(Phase::Suspended) => Suspended::step(&cx, &mut st),
+            Some(Phase::Failed) => Failed::step(&cx, &mut st),
+            Some(Phase::Finished) => Finished::step(&cx, &mut st),
+            Some(Phase::Deleting) => Deleting::step(&cx, &mut st),
+        }
+    };
+    status::finish(&cx, st, before, step)
+}
+
+/// Deletion can start in any state; the move is still checked per state.
+fn to_deleting(from: Option<Phase>) -> Step {
+    let step = match from {
+        None => Step::to::<Created, Deleting>(),
+        Some(Phase::Deploying) => Step::to::<Deploying, Deleting>(),
+        Some(Phase::Running) => Step::to::<Running, Deleting>(),
+        Some(Phase::Savepointing) => Step::to::<Savepointing, Deleting>(),
+        Some(Phase::Upgrading) => Step::to::<Upgrading, Deleting>(),
+        Some(Phase::Recovering) => Step::to::<Recovering, Deleting>(),
+        Some(Phase::Suspending) => Step::to::<Suspending, Deleting>(),
+        Some(Phase::Suspended) => Step::to::<Suspended, Deleting>(),
+        Some(Phase::Failed) => Step::to::<Failed, Deleting>(),
+        Some(Phase::Finished) => Step::to::<Finished, Deleting>(),
+        Some(Phase::Deleting) => Step::stay::<Deleting>(),
+    };
+    step.message("deleting: deciding about the final savepoint").requeue(Duration::ZERO)
+}
+
+/// `d` as a short human duration (`1.5s`, `2m`).
+pub(crate) fn human(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1000 {
+        format!("{ms}ms")
+    } else if ms < 120_000 {
+        format!("{:.1}s", ms as f64 / 1000.0)
+    } else {
+        format!("{}m", ms / 60_000)
+    }
+}

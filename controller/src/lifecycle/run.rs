@@ -1,0 +1,172 @@
+//! Starting a run (a set of worker pods) and following it until it runs.
+//! Deploying, Upgrading and Recovering share this: a state decides *what* to
+//! start (`new_run`, written to status first), [`advance`] starts it.
+//!
+//! The one rule that keeps two runs from overlapping lives here: the pods of
+//! a new run are created only when no pod of any other run is left.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use weir_api::control::{Membership, CONTROL_PORT};
+use weir_api::streamjob::{Failure, RunStatus, StreamJobStatus};
+
+use super::{human, Cx, Effect};
+use crate::observe::RunHealth;
+
+/// Restore from the latest completed checkpoint or savepoint of the job (the
+/// worker falls back to a fresh start, or to the initial savepoint, when the
+/// job has none yet).
+pub const LATEST: &str = "latest";
+
+/// Decides a new run of the current spec; its pods are created by [`advance`].
+pub(super) fn new_run(cx: &Cx, st: &mut StreamJobStatus, restore_from: Option<String>, not_before: Option<jiff::Timestamp>) {
+    let number = st.run.as_ref().map(|r| r.number + 1).unwrap_or(1);
+    let uid = cx.job.metadata.uid.as_deref().unwrap_or("local");
+    let short: String = uid.chars().filter(|c| c.is_ascii_alphanumeric()).take(8).collect();
+    st.run = Some(RunStatus {
+        id: format!("{short}-{number}"),
+        number,
+        spec_hash: cx.spec_hash.clone(),
+        restore_from,
+        workers: cx.job.spec.parallelism.max(1),
+        pods_created: false,
+        not_before: not_before.map(Time),
+        started_at: Time(cx.now),
+    });
+}
+
+pub(super) enum Progress {
+    Waiting { effects: Vec<Effect>, message: String, requeue: Duration },
+    Running,
+    Finished,
+    Failed { reason: String, message: String, fatal: bool },
+}
+
+/// One step of bringing `status.run` up.
+pub(super) fn advance(cx: &Cx, st: &mut StreamJobStatus) -> Progress {
+    let Some(run) = st.run.as_mut() else {
+        return Progress::Failed { reason: "NoRun".into(), message: "no run to deploy".into(), fatal: false };
+    };
+    let others = cx.obs.pods_of_other_runs(Some(&run.id));
+    if others > 0 {
+        return Progress::Waiting {
+            effects: vec![Effect::DeleteOtherPods],
+            message: format!("stopping {others} pod(s) of the previous run before run {} starts", run.number),
+            requeue: Duration::from_millis(500),
+        };
+    }
+    if !run.pods_created {
+        if let Some(t) = &run.not_before {
+            if t.0 > cx.now {
+                let wait = Duration::try_from(t.0.duration_since(cx.now)).unwrap_or_default();
+                return Progress::Waiting {
+                    effects: Vec::new(),
+                    message: format!("restarting in {} (backoff)", human(wait)),
+                    requeue: wait,
+                };
+            }
+        }
+        run.pods_created = true;
+        let from = run.restore_from.as_deref().map(|r| format!(", restoring from {r}")).unwrap_or_else(|| ", fresh start".into());
+        return Progress::Waiting {
+            effects: vec![Effect::CreateRun],
+            message: format!("creating {} worker pod(s) of run {}{from}", run.workers, run.number),
+            requeue: Duration::from_secs(1),
+        };
+    }
+    let run = run.clone();
+    match cx.obs.health(&run) {
+        RunHealth::NotCreated => Progress::Waiting { effects: vec![Effect::CreateRun], message: "creating worker pods".into(), requeue: Duration::from_secs(1) },
+        RunHealth::Starting { waiting_for } => Progress::Waiting {
+            effects: Vec::new(),
+            message: format!("waiting for {}", waiting_for.unwrap_or_else(|| "the worker pods".into())),
+            requeue: Duration::from_millis(500),
+        },
+        RunHealth::Finished => Progress::Finished,
+        RunHealth::Failed { reason, message, fatal } => Progress::Failed { reason, message, fatal },
+        RunHealth::Running { ips } => {
+            let joined = cx
+                .obs
+                .coordinator
+                .as_ref()
+                .is_some_and(|c| c.run_id == run.id && matches!(c.phase.as_str(), "running" | "finishing" | "finished"));
+            if joined {
+                return Progress::Running;
+            }
+            // Until the coordinator runs, (re)send the membership to every worker:
+            // it is idempotent, and a worker that missed it would wait forever.
+            let Some(membership) = Membership::of_pods(run.id.clone(), &ips) else {
+                return Progress::Waiting { effects: Vec::new(), message: "waiting for pod IPs".into(), requeue: Duration::from_millis(500) };
+            };
+            let workers = ips.iter().map(|ip| SocketAddr::new(*ip, CONTROL_PORT)).collect();
+            let phase = cx.obs.coordinator.as_ref().map(|c| c.phase.clone()).unwrap_or_else(|| "not answering yet".into());
+            Progress::Waiting {
+                effects: vec![Effect::SendMembership { membership, workers }],
+                message: format!("workers of run {} joining (coordinator: {phase})", run.number),
+                requeue: Duration::from_millis(300),
+            }
+        }
+    }
+}
+
+/// Records a failure and decides the restarted run, with exponential backoff.
+/// `Err` when the job restarted `restartBackoff.limit` times in a row without
+/// completing a checkpoint: it is Failed then.
+pub(super) fn begin_recovery(cx: &Cx, st: &mut StreamJobStatus, reason: &str, message: &str) -> Result<String, String> {
+    st.restarts += 1;
+    st.restarts_in_a_row += 1;
+    st.last_failure = Some(Failure { time: Time(cx.now), reason: reason.into(), message: message.into() });
+    let backoff = &cx.job.spec.restart_backoff;
+    if st.restarts_in_a_row > backoff.limit {
+        return Err(format!(
+            "{message}; gave up after {} restarts in a row without a completed checkpoint (spec.restartBackoff.limit {}): fix the cause, then change spec.restartTrigger to start again",
+            st.restarts_in_a_row - 1,
+            backoff.limit
+        ));
+    }
+    let wait = backoff_delay(backoff.initial.get(), backoff.max.get(), st.restarts_in_a_row);
+    let not_before = cx.now.checked_add(wait).unwrap_or(cx.now);
+    new_run(cx, st, Some(LATEST.into()), Some(not_before));
+    Ok(format!("{message}; restoring the job from the latest completed checkpoint in {} (restart {})", human(wait), st.restarts))
+}
+
+/// `initial` doubled for each failure in a row after the first, at most `max`.
+pub(super) fn backoff_delay(initial: Duration, max: Duration, in_a_row: i32) -> Duration {
+    let doublings = (in_a_row.max(1) - 1).min(30) as u32;
+    initial.saturating_mul(1u32 << doublings).min(max)
+}
+
+/// When the latest checkpoint in status completed after `run` started, the
+/// run made progress: failures before it no longer count as "in a row".
+pub(super) fn made_progress(st: &StreamJobStatus) -> bool {
+    match (&st.last_checkpoint, &st.run) {
+        (Some(c), Some(r)) => c.time.0 > r.started_at.0,
+        _ => false,
+    }
+}
+
+/// Copies the coordinator's latest checkpoint into status; resets the
+/// failures-in-a-row count once the run completed a checkpoint.
+pub(super) fn record_progress(cx: &Cx, st: &mut StreamJobStatus) {
+    let (Some(c), Some(run)) = (&cx.obs.coordinator, &st.run) else { return };
+    if c.run_id != run.id {
+        return;
+    }
+    if let Some(chk) = &c.latest_checkpoint {
+        let time = jiff::Timestamp::from_millisecond(chk.completed_unix_ms as i64).unwrap_or(cx.now);
+        st.last_checkpoint = Some(weir_api::streamjob::CheckpointRef { id: chk.id as i64, path: chk.location.clone(), time: Time(time) });
+    }
+    if made_progress(st) {
+        st.restarts_in_a_row = 0;
+    }
+}
+
+/// What a run that just came up restored from, in words (for events).
+pub(super) fn restored_from(cx: &Cx) -> String {
+    match cx.obs.coordinator.as_ref().and_then(|c| c.restored_from.clone()) {
+        Some(from) => format!("restored from {from}"),
+        None => "no completed checkpoint or savepoint to restore from: started fresh".into(),
+    }
+}

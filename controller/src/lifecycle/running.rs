@@ -1,0 +1,146 @@
+//! The job's pods run. Watches for failures and the end of the job, keeps
+//! the checkpoint in status fresh, and starts what the spec asks for:
+//! suspension, an upgrade, a restart or a savepoint (in that order).
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use weir_api::streamjob::{Failure, JobState, SavepointReason, StreamJobStatus, UpgradeMode};
+
+use super::run::{begin_recovery, new_run, record_progress, LATEST};
+use super::{human, savepoint, Cx, Failed, Finished, Recovering, Savepointing, State, Step, Suspending, Upgrading};
+use crate::observe::RunHealth;
+
+pub struct Running;
+
+/// How often a running job's progress is read into status.
+pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(5);
+
+impl State for Running {
+    const PHASE: Option<weir_api::streamjob::Phase> = Some(weir_api::streamjob::Phase::Running);
+
+    fn step(cx: &Cx, st: &mut StreamJobStatus) -> Step {
+        let Some(run) = st.run.clone() else {
+            // Status edited by hand or lost: start a run from the latest state.
+            new_run(cx, st, Some(LATEST.into()), None);
+            return Step::to::<Running, Recovering>().message("no run recorded in status: restoring from the latest checkpoint").requeue(Duration::ZERO);
+        };
+        match cx.obs.health(&run) {
+            RunHealth::Failed { reason, message, fatal: true } => {
+                st.last_failure = Some(Failure { time: Time(cx.now), reason: reason.clone(), message: message.clone() });
+                return Step::to::<Running, Failed>().warning(&reason, message.clone()).message(message);
+            }
+            RunHealth::Failed { reason, message, .. } => {
+                return match begin_recovery(cx, st, &reason, &message) {
+                    Ok(m) => Step::to::<Running, Recovering>().warning(&reason, m.clone()).message(m).requeue(Duration::ZERO),
+                    Err(m) => Step::to::<Running, Failed>().warning("RestartLimitReached", m.clone()).message(m),
+                };
+            }
+            RunHealth::Finished => {
+                return Step::to::<Running, Finished>()
+                    .event("Finished", "every source ended and the final checkpoint committed")
+                    .message("finished: every source ended and the final checkpoint committed");
+            }
+            RunHealth::Running { .. } | RunHealth::Starting { .. } | RunHealth::NotCreated => {}
+        }
+        record_progress(cx, st);
+        let spec = &cx.job.spec;
+
+        // A failed savepoint (upgrade or suspension) is retried after a pause,
+        // never replaced by something weaker.
+        if let Some(wait) = savepoint_retry_pause(cx, st) {
+            let what = if spec.state == JobState::Suspended { "suspension" } else { "upgrade" };
+            let why = st.last_failure.as_ref().map(|f| f.message.clone()).unwrap_or_default();
+            let m = format!(
+                "{what} not done: {why}; the job keeps running the previous spec; retrying in {}{}",
+                human(wait),
+                if what == "upgrade" { " (to upgrade without a savepoint, set upgradeMode: last-state or stateless)" } else { "" }
+            );
+            return Step::stay::<Running>().message(m.clone()).degraded("SavepointFailed", m).requeue(wait);
+        }
+        if spec.state == JobState::Suspended {
+            let effects = savepoint::begin(cx, st, SavepointReason::Suspend);
+            return Step::to::<Running, Suspending>()
+                .effects(effects)
+                .event("Suspending", "taking a savepoint before stopping the pods")
+                .message("suspending: taking a savepoint")
+                .requeue(Duration::from_millis(500));
+        }
+        if cx.spec_hash != run.spec_hash {
+            if let Err(why) = &cx.validation {
+                let m = format!("spec change not applied: {why}; the job keeps running the previous spec");
+                return Step::stay::<Running>().message(m.clone()).degraded("InvalidSpec", m).requeue(PROGRESS_INTERVAL);
+            }
+            return upgrade(cx, st);
+        }
+        if spec.restart_trigger.is_some() && spec.restart_trigger != st.observed_restart_trigger {
+            st.observed_restart_trigger = spec.restart_trigger.clone();
+            new_run(cx, st, Some(LATEST.into()), None);
+            return Step::to::<Running, Recovering>()
+                .event("RestartRequested", "spec.restartTrigger changed: restarting from the latest completed checkpoint")
+                .message("restarting from the latest completed checkpoint (spec.restartTrigger)")
+                .requeue(Duration::ZERO);
+        }
+        if spec.savepoint_trigger.is_some() && spec.savepoint_trigger != st.observed_savepoint_trigger {
+            let effects = savepoint::begin(cx, st, SavepointReason::Trigger);
+            return Step::to::<Running, Savepointing>()
+                .effects(effects)
+                .event("SavepointRequested", "spec.savepointTrigger changed: taking a savepoint")
+                .message("taking a savepoint (spec.savepointTrigger)")
+                .requeue(Duration::from_millis(500));
+        }
+        let mut step = Step::stay::<Running>().requeue(PROGRESS_INTERVAL);
+        if spec.initial_savepoint.is_some() && spec.initial_savepoint != st.initial_savepoint {
+            step = step.message("running; spec.initialSavepoint changed but applies only to a job's first deployment: to start from it, create a new StreamJob");
+        } else if let Some(c) = &st.last_checkpoint {
+            step = step.message(format!("running; checkpoint {} complete", c.id));
+        }
+        if st.restarts_in_a_row > 0 {
+            let why = st.last_failure.as_ref().map(|f| f.message.clone()).unwrap_or_default();
+            step = step.degraded("RecentRestart", format!("restarted after a failure and no checkpoint completed since: {why}"));
+        }
+        step
+    }
+}
+
+/// While a savepoint for the pending change failed recently, how long to wait.
+fn savepoint_retry_pause(cx: &Cx, st: &StreamJobStatus) -> Option<Duration> {
+    let f = st.last_failure.as_ref()?;
+    if f.reason != "SavepointFailed" {
+        return None;
+    }
+    let pending_change = cx.job.spec.state == JobState::Suspended || st.run.as_ref().is_some_and(|r| r.spec_hash != cx.spec_hash);
+    if !pending_change {
+        return None;
+    }
+    let pause = cx.job.spec.restart_backoff.max.get();
+    let since = Duration::try_from(cx.now.duration_since(f.time.0)).unwrap_or_default();
+    (since < pause).then(|| pause - since)
+}
+
+fn upgrade(cx: &Cx, st: &mut StreamJobStatus) -> Step {
+    match cx.job.spec.upgrade_mode {
+        UpgradeMode::Savepoint => {
+            let effects = savepoint::begin(cx, st, SavepointReason::Upgrade);
+            Step::to::<Running, Upgrading>()
+                .effects(effects)
+                .event("Upgrading", "spec changed: taking a savepoint, then the new pods restore from it")
+                .message("upgrading: taking a savepoint")
+                .requeue(Duration::from_millis(500))
+        }
+        UpgradeMode::LastState => {
+            new_run(cx, st, Some(LATEST.into()), None);
+            Step::to::<Running, Upgrading>()
+                .event("Upgrading", "spec changed: stopping the pods; the new pods restore from the latest completed checkpoint (upgradeMode: last-state)")
+                .message("upgrading from the latest completed checkpoint")
+                .requeue(Duration::ZERO)
+        }
+        UpgradeMode::Stateless => {
+            new_run(cx, st, None, None);
+            Step::to::<Running, Upgrading>()
+                .event("Upgrading", "spec changed: stopping the pods; the new pods start without state (upgradeMode: stateless)")
+                .message("upgrading: starting fresh (stateless)")
+                .requeue(Duration::ZERO)
+        }
+    }
+}

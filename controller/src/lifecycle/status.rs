@@ -1,0 +1,94 @@
+//! Turns a state's [`Step`] into the status to write: the phase and when it
+//! changed, conditions, the message, and the transition event.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use weir_api::streamjob::{condition_types, Phase, StreamJobStatus};
+
+use super::{Cx, Decision, Note, Step};
+
+pub(super) fn finish(cx: &Cx, mut st: StreamJobStatus, before: Option<Phase>, step: Step) -> Decision {
+    let now = cx.now;
+    let next = step.next.or(before);
+    let mut notes = step.notes;
+    let mut transition = None;
+    if next != before {
+        if let Some(to) = next {
+            let spent = st
+                .phase_since
+                .as_ref()
+                .map(|t| Duration::try_from(now.duration_since(t.0)).unwrap_or_default())
+                .unwrap_or_default();
+            transition = Some((before, to, spent));
+            st.phase_since = Some(Time(now));
+            // The first note of a transition step says why; it becomes the event.
+            if notes.is_empty() {
+                notes.push(Note { warning: to == Phase::Failed, reason: format!("{to:?}"), message: step.message.clone().unwrap_or_default() });
+            }
+        }
+    }
+    st.phase = next;
+    if let Some(m) = step.message {
+        st.message = Some(m);
+    }
+    if let Ok(g) = &cx.validation {
+        st.guarantee = Some(*g);
+    }
+    st.observed_generation = cx.job.metadata.generation;
+    let generation = st.observed_generation;
+    let phase = next.map(|p| format!("{p:?}")).unwrap_or_else(|| "Created".into());
+    let message = st.message.clone().unwrap_or_default();
+    let ready = next == Some(Phase::Running);
+    set_condition(&mut st.conditions, condition_types::READY, ready, &phase, &message, generation, now);
+    let progressing = matches!(
+        next,
+        Some(Phase::Deploying | Phase::Savepointing | Phase::Upgrading | Phase::Recovering | Phase::Suspending | Phase::Deleting)
+    );
+    set_condition(&mut st.conditions, condition_types::PROGRESSING, progressing, &phase, &message, generation, now);
+    match (&step.degraded, next) {
+        (Some((reason, m)), _) => set_condition(&mut st.conditions, condition_types::DEGRADED, true, reason, m, generation, now),
+        (None, Some(Phase::Failed)) => {
+            let reason = st.last_failure.as_ref().map(|f| f.reason.clone()).unwrap_or_else(|| "Failed".into());
+            set_condition(&mut st.conditions, condition_types::DEGRADED, true, &reason, &message, generation, now)
+        }
+        _ => set_condition(&mut st.conditions, condition_types::DEGRADED, false, "Healthy", "", generation, now),
+    }
+    Decision { status: st, effects: step.effects, notes, requeue: step.requeue, transition }
+}
+
+/// Sets a condition; `lastTransitionTime` moves only when the status flips.
+fn set_condition(conds: &mut Vec<Condition>, type_: &str, on: bool, reason: &str, message: &str, generation: Option<i64>, now: Timestamp) {
+    let status = if on { "True" } else { "False" }.to_string();
+    let reason = reason_token(reason);
+    match conds.iter_mut().find(|c| c.type_ == type_) {
+        Some(c) => {
+            if c.status != status {
+                c.last_transition_time = Time(now);
+                c.status = status;
+            }
+            c.reason = reason;
+            c.message = message.to_string();
+            c.observed_generation = generation;
+        }
+        None => conds.push(Condition {
+            type_: type_.to_string(),
+            status,
+            reason,
+            message: message.to_string(),
+            last_transition_time: Time(now),
+            observed_generation: generation,
+        }),
+    }
+}
+
+/// Condition reasons must be CamelCase tokens.
+fn reason_token(reason: &str) -> String {
+    let token: String = reason.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+    if token.is_empty() || !token.starts_with(|c: char| c.is_ascii_alphabetic()) {
+        "Unknown".into()
+    } else {
+        token
+    }
+}

@@ -1,0 +1,40 @@
+//! No pods run. `spec.state: running` resumes the job from its newest state
+//! (the suspend savepoint, or a later checkpoint if there is one).
+
+use std::time::Duration;
+
+use weir_api::streamjob::{JobState, StreamJobStatus};
+
+use super::run::{new_run, LATEST};
+use super::{Cx, Deploying, Effect, State, Step};
+
+pub struct Suspended;
+
+impl State for Suspended {
+    const PHASE: Option<weir_api::streamjob::Phase> = Some(weir_api::streamjob::Phase::Suspended);
+
+    fn step(cx: &Cx, st: &mut StreamJobStatus) -> Step {
+        if cx.job.spec.state == JobState::Suspended {
+            let step = Step::stay::<Suspended>();
+            // Pods that appear while suspended (left over) are stopped.
+            return if cx.obs.pods.is_empty() { step } else { step.effect(Effect::DeleteAllPods).requeue(Duration::from_secs(1)) };
+        }
+        if let Err(why) = &cx.validation {
+            let m = format!("not resumed: {why}");
+            return Step::stay::<Suspended>().message(m.clone()).degraded("InvalidSpec", m);
+        }
+        // A job created suspended has never run: it starts from spec.initialSavepoint.
+        let restore = if st.run.is_none() {
+            st.initial_savepoint = cx.job.spec.initial_savepoint.clone();
+            cx.job.spec.initial_savepoint.clone()
+        } else {
+            Some(LATEST.into())
+        };
+        let from = restore.clone().map(|r| if r == LATEST { "its latest savepoint or checkpoint".to_string() } else { r }).unwrap_or_else(|| "a fresh start".into());
+        new_run(cx, st, restore, None);
+        Step::to::<Suspended, Deploying>()
+            .event("Resuming", format!("spec.state is running: restoring from {from}"))
+            .message(format!("resuming from {from}"))
+            .requeue(Duration::ZERO)
+    }
+}

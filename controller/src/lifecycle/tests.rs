@@ -1,0 +1,560 @@
+//! The lifecycle on hand-made observations: each test is one behaviour a
+//! user relies on, several of them the Flink operator's reported problems.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use weir_api::control::{CheckpointStatus, JobStatus, SavepointOutcome, SavepointState};
+use weir_api::streamjob::{JobState, Phase, SavepointReason, StreamJob, UpgradeMode};
+
+use super::{decide, Decision, Effect};
+use crate::observe::{Observed, PodView};
+use crate::testing::{exited, pod, JobBuilder};
+
+/// A job and the world around it, advanced one reconcile at a time.
+struct World {
+    job: StreamJob,
+    now: Timestamp,
+    pods: Vec<k8s_openapi::api::core::v1::Pod>,
+    coordinator: Option<JobStatus>,
+    savepoint: Option<Option<SavepointOutcome>>,
+}
+
+impl World {
+    fn new(job: StreamJob) -> World {
+        World { job, now: Timestamp::from_second(1_800_000_000).unwrap(), pods: Vec::new(), coordinator: None, savepoint: None }
+    }
+
+    fn step(&mut self) -> Decision {
+        let mut obs = Observed::at(self.now);
+        obs.pods = self.pods.iter().map(PodView::of).collect();
+        obs.coordinator = self.coordinator.clone();
+        obs.savepoint = self.savepoint.clone();
+        let d = decide(&self.job, &obs);
+        self.job.status = Some(d.status.clone());
+        // What the effects would do to the pods.
+        for e in &d.effects {
+            match e {
+                Effect::CreateRun => {
+                    let run = d.status.run.clone().unwrap();
+                    for i in 0..run.workers as u32 {
+                        self.pods.push(pod(&self.name(), &run.id, i, "Pending", None));
+                    }
+                }
+                Effect::DeleteAllPods => self.pods.clear(),
+                Effect::DeleteOtherPods => {
+                    let keep = d.status.run.as_ref().map(|r| r.id.clone());
+                    self.pods.retain(|p| p.metadata.labels.as_ref().and_then(|l| l.get(crate::names::RUN_LABEL)) == keep.as_ref());
+                }
+                _ => {}
+            }
+        }
+        d
+    }
+
+    fn name(&self) -> String {
+        self.job.metadata.name.clone().unwrap()
+    }
+
+    fn phase(&self) -> Option<Phase> {
+        self.job.status.as_ref().and_then(|s| s.phase)
+    }
+
+    fn run_id(&self) -> String {
+        self.job.status.as_ref().unwrap().run.as_ref().unwrap().id.clone()
+    }
+
+    /// The run's pods start and get IPs; the coordinator runs.
+    fn pods_run(&mut self) {
+        let run = self.run_id();
+        for (i, p) in self.pods.iter_mut().enumerate() {
+            let st = p.status.as_mut().unwrap();
+            st.phase = Some("Running".into());
+            st.pod_ip = Some(format!("127.0.1.{}", i + 1));
+        }
+        self.coordinator = Some(JobStatus { run_id: run, phase: "running".into(), ..Default::default() });
+    }
+
+    fn advance(&mut self, d: Duration) {
+        self.now = self.now.checked_add(d).unwrap();
+    }
+
+    /// Steps until the phase is `phase` (at most 10 reconciles).
+    fn until(&mut self, phase: Phase) -> Vec<Decision> {
+        let mut out = Vec::new();
+        for _ in 0..10 {
+            let d = self.step();
+            out.push(d);
+            if self.phase() == Some(phase) {
+                return out;
+            }
+        }
+        panic!("never reached {phase:?}; at {:?}: {:?}", self.phase(), self.job.status.as_ref().and_then(|s| s.message.clone()));
+    }
+
+    fn running(job: StreamJob) -> World {
+        let mut w = World::new(job);
+        w.until(Phase::Deploying);
+        w.step(); // creates the pods
+        w.pods_run();
+        w.until(Phase::Running);
+        w
+    }
+
+    fn checkpoint(&mut self, id: u64) {
+        let ms = self.now.as_millisecond() as u64;
+        if let Some(c) = self.coordinator.as_mut() {
+            c.latest_checkpoint = Some(CheckpointStatus { id, location: format!("/cp/chk-{id}"), completed_unix_ms: ms, duration_ms: 5 });
+        }
+    }
+}
+
+fn effects(ds: &[Decision]) -> Vec<Effect> {
+    ds.iter().flat_map(|d| d.effects.clone()).collect()
+}
+
+fn savepoint_requests(ds: &[Decision]) -> Vec<(String, bool)> {
+    effects(ds)
+        .into_iter()
+        .filter_map(|e| match e {
+            Effect::RequestSavepoint { request_id, stop, .. } => Some((request_id, stop)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_new_job_records_its_run_before_creating_pods_and_runs_once_the_coordinator_does() {
+    let mut w = World::new(JobBuilder::new("j").build());
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Deploying));
+    let run = d.status.run.clone().unwrap();
+    assert!(!run.pods_created && d.effects.is_empty(), "the run is written to status before any pod exists");
+    assert_eq!(run.workers, 2);
+    let d = w.step();
+    assert_eq!(d.effects, vec![Effect::CreateRun]);
+    assert!(d.status.run.as_ref().unwrap().pods_created);
+    // Pods run: membership is sent to every worker until the coordinator runs.
+    for p in w.pods.iter_mut() {
+        p.status.as_mut().unwrap().phase = Some("Running".into());
+    }
+    w.pods[0].status.as_mut().unwrap().pod_ip = Some("127.0.1.1".into());
+    w.pods[1].status.as_mut().unwrap().pod_ip = Some("127.0.1.2".into());
+    let d = w.step();
+    match &d.effects[..] {
+        [Effect::SendMembership { membership, workers }] => {
+            assert_eq!(workers.len(), 2);
+            assert_eq!(membership.run_id, run.id);
+            assert_eq!(membership.api, "127.0.1.1:6120".parse().unwrap());
+        }
+        other => panic!("expected membership, got {other:?}"),
+    }
+    assert_eq!(w.phase(), Some(Phase::Deploying));
+    w.pods_run();
+    w.step();
+    assert_eq!(w.phase(), Some(Phase::Running));
+    let st = w.job.status.clone().unwrap();
+    assert!(st.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    assert!(st.message.unwrap().contains("started fresh"), "a job with nothing to restore says so");
+}
+
+#[test]
+fn an_invalid_pipeline_is_reported_in_status_and_an_event_not_deployed() {
+    let job = JobBuilder::new("j").spec(|s| s.pipeline.0["steps"] = serde_json::json!([{"explode": "x"}])).build();
+    let mut w = World::new(job);
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Failed));
+    assert!(d.effects.is_empty());
+    let msg = d.status.message.unwrap();
+    assert!(msg.contains("steps[0]") || msg.contains("explode"), "{msg}");
+    assert!(d.notes.iter().any(|n| n.warning && n.reason == "InvalidSpec"));
+    assert!(d.status.conditions.iter().any(|c| c.type_ == "Degraded" && c.status == "True"));
+    // Still Failed on the next reconcile, without a crash loop or new events.
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Failed));
+    assert!(d.notes.is_empty());
+}
+
+#[test]
+fn a_failed_worker_restores_the_whole_job_from_the_latest_checkpoint_after_a_backoff() {
+    let mut w = World::running(JobBuilder::new("j").build());
+    w.checkpoint(7);
+    w.step();
+    let old_run = w.run_id();
+    w.pods[1] = exited(w.pods[1].clone(), 137);
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Recovering));
+    let st = d.status.clone();
+    assert_eq!(st.restarts, 1);
+    assert_eq!(st.last_failure.as_ref().unwrap().reason, "PodFailed");
+    let run = st.run.unwrap();
+    assert_ne!(run.id, old_run);
+    assert_eq!(run.restore_from.as_deref(), Some("latest"));
+    assert_eq!(st.last_checkpoint.unwrap().id, 7);
+    // Old pods go first; no new pod before they are gone and the backoff passed.
+    let d = w.step();
+    assert_eq!(d.effects, vec![Effect::DeleteOtherPods]);
+    let d = w.step();
+    assert!(!d.effects.contains(&Effect::CreateRun), "backoff of 1s not over yet");
+    assert!(d.status.message.unwrap().contains("backoff"));
+    w.advance(Duration::from_millis(1100));
+    let d = w.step();
+    assert_eq!(d.effects, vec![Effect::CreateRun]);
+    w.pods_run();
+    if let Some(c) = w.coordinator.as_mut() {
+        c.restored_from = Some("/cp/chk-7".into());
+    }
+    let ds = w.until(Phase::Running);
+    assert!(ds.last().unwrap().notes.iter().any(|n| n.reason == "Recovered" && n.message.contains("chk-7")));
+}
+
+#[test]
+fn new_pods_never_start_while_pods_of_the_previous_run_remain() {
+    let mut w = World::running(JobBuilder::new("j").build());
+    w.pods[0] = exited(w.pods[0].clone(), 1);
+    // The other old pod is stuck terminating: it must be gone before anything new starts.
+    w.step();
+    w.advance(Duration::from_secs(120));
+    for _ in 0..5 {
+        let mut obs_pods = w.pods.clone();
+        let d = w.step();
+        assert!(!d.effects.contains(&Effect::CreateRun));
+        // The deletion does not take effect (pod stuck): restore it.
+        obs_pods.retain(|_| true);
+        w.pods = obs_pods;
+    }
+    w.pods.clear();
+    let d = w.step();
+    assert_eq!(d.effects, vec![Effect::CreateRun]);
+}
+
+#[test]
+fn a_savepoint_mode_upgrade_stops_the_job_with_a_savepoint_and_restores_the_new_spec_from_it() {
+    let mut w = World::running(JobBuilder::new("j").build());
+    let old_run = w.run_id();
+    w.job.spec.parallelism = 3;
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Upgrading));
+    let reqs = savepoint_requests(std::slice::from_ref(&d));
+    assert_eq!(reqs.len(), 1);
+    assert!(reqs[0].1, "an upgrade savepoint stops the job: nothing may commit after it");
+    assert_eq!(d.status.pending_savepoint.as_ref().unwrap().reason, SavepointReason::Upgrade);
+    assert_eq!(w.run_id(), old_run, "old pods keep running while the savepoint is taken");
+    let id = reqs[0].0.clone();
+    w.savepoint = Some(Some(SavepointOutcome { request_id: id.clone(), state: SavepointState::Pending, savepoint: None, error: None }));
+    let d = w.step();
+    assert!(d.effects.is_empty(), "a known request is awaited, not sent again");
+    w.savepoint = Some(Some(SavepointOutcome {
+        request_id: id,
+        state: SavepointState::Completed,
+        savepoint: Some(CheckpointStatus { id: 9, location: "/cp/savepoints/sp-9".into(), completed_unix_ms: 1, duration_ms: 2 }),
+        error: None,
+    }));
+    let d = w.step();
+    let st = d.status.clone();
+    assert_eq!(st.last_savepoint.as_ref().unwrap().id, 9);
+    let run = st.run.unwrap();
+    assert_ne!(run.id, old_run);
+    assert_eq!(run.restore_from.as_deref(), Some("/cp/savepoints/sp-9"));
+    assert_eq!(run.workers, 3);
+    w.savepoint = None;
+    let d = w.step();
+    assert_eq!(d.effects, vec![Effect::DeleteOtherPods]);
+    let d = w.step();
+    assert_eq!(d.effects, vec![Effect::CreateRun]);
+    assert_eq!(w.pods.len(), 3);
+    w.pods_run();
+    let ds = w.until(Phase::Running);
+    assert!(ds.last().unwrap().transition.is_some());
+}
+
+#[test]
+fn a_failed_upgrade_savepoint_keeps_the_old_job_running_and_never_falls_back() {
+    let mut w = World::running(JobBuilder::new("j").build());
+    let old_run = w.run_id();
+    w.job.spec.pipeline.0["steps"] = serde_json::json!([{"key_by": "key"}, {"running_sum": {"field": "value", "as": "total"}}]);
+    let d = w.step();
+    let id = savepoint_requests(std::slice::from_ref(&d))[0].0.clone();
+    w.savepoint = Some(Some(SavepointOutcome { request_id: id, state: SavepointState::Failed, savepoint: None, error: Some("checkpoint declined by subtask 1".into()) }));
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Running));
+    assert_eq!(w.run_id(), old_run, "the old pods were not touched");
+    assert!(!d.effects.iter().any(|e| matches!(e, Effect::DeleteOtherPods | Effect::DeleteAllPods | Effect::CreateRun)));
+    let msg = d.status.message.clone().unwrap();
+    assert!(msg.contains("declined") && msg.contains("keeps running the previous spec"), "{msg}");
+    assert!(d.status.conditions.iter().any(|c| c.type_ == "Degraded" && c.status == "True"));
+    // Later reconciles wait, then retry with a savepoint again (never last-state).
+    w.savepoint = None;
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Running));
+    assert!(d.effects.is_empty());
+    w.advance(Duration::from_secs(61));
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Upgrading));
+    assert_eq!(savepoint_requests(std::slice::from_ref(&d)).len(), 1);
+    assert_eq!(w.run_id(), old_run);
+}
+
+#[test]
+fn an_upgrade_savepoint_that_never_completes_gives_up_after_the_savepoint_timeout() {
+    let mut w = World::running(JobBuilder::new("j").spec(|s| s.savepoint_timeout = weir_api::pipeline::HumanDuration::from_millis(30_000)).build());
+    w.job.spec.parallelism = 1;
+    w.step();
+    assert_eq!(w.phase(), Some(Phase::Upgrading));
+    w.advance(Duration::from_secs(20));
+    w.step();
+    assert_eq!(w.phase(), Some(Phase::Upgrading));
+    w.advance(Duration::from_secs(11));
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Running));
+    assert!(d.status.pending_savepoint.is_none());
+    assert!(d.status.message.unwrap().contains("savepointTimeout"));
+}
+
+#[test]
+fn after_an_operator_restart_a_requested_savepoint_is_asked_again_with_the_same_id() {
+    let mut w = World::running(JobBuilder::new("j").build());
+    w.job.spec.parallelism = 1;
+    let d = w.step();
+    let id = savepoint_requests(std::slice::from_ref(&d))[0].0.clone();
+    // The request may never have reached the coordinator (operator died): it says "unknown".
+    w.savepoint = Some(None);
+    let d = w.step();
+    assert_eq!(savepoint_requests(std::slice::from_ref(&d)), vec![(id.clone(), true)], "same id: the coordinator takes at most one savepoint");
+    assert_eq!(d.status.pending_savepoint.unwrap().request_id.unwrap(), id);
+}
+
+#[test]
+fn last_state_and_stateless_upgrades_restore_from_the_latest_checkpoint_or_nothing() {
+    for (mode, restore) in [(UpgradeMode::LastState, Some("latest")), (UpgradeMode::Stateless, None)] {
+        let mut w = World::running(JobBuilder::new("j").spec(|s| s.upgrade_mode = mode).build());
+        w.job.spec.image = "weir:2".into();
+        let d = w.step();
+        assert_eq!(w.phase(), Some(Phase::Upgrading));
+        assert!(savepoint_requests(std::slice::from_ref(&d)).is_empty());
+        assert_eq!(d.status.run.unwrap().restore_from.as_deref(), restore);
+    }
+}
+
+#[test]
+fn a_failed_deploy_during_an_upgrade_does_not_leave_the_job_upgrading() {
+    let mut w = World::running(JobBuilder::new("j").spec(|s| s.upgrade_mode = UpgradeMode::LastState).build());
+    w.job.spec.image = "no-such-image".into();
+    w.until(Phase::Upgrading);
+    w.step(); // delete old pods
+    w.step(); // create
+    for p in w.pods.iter_mut() {
+        p.status.as_mut().unwrap().container_statuses = Some(vec![k8s_openapi::api::core::v1::ContainerStatus {
+            name: "worker".into(),
+            state: Some(k8s_openapi::api::core::v1::ContainerState {
+                waiting: Some(k8s_openapi::api::core::v1::ContainerStateWaiting { reason: Some("ErrImagePull".into()), message: None }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }]);
+    }
+    w.step();
+    assert_eq!(w.phase(), Some(Phase::Recovering));
+    assert!(w.job.status.as_ref().unwrap().message.as_ref().unwrap().contains("ErrImagePull"));
+}
+
+#[test]
+fn restarts_in_a_row_beyond_the_limit_fail_the_job_and_a_restart_trigger_starts_it_again() {
+    let mut w = World::running(JobBuilder::new("j").spec(|s| s.restart_backoff.limit = 2).build());
+    for round in 0..3 {
+        let run = w.run_id();
+        for p in w.pods.iter_mut().filter(|p| p.metadata.labels.as_ref().unwrap()[crate::names::RUN_LABEL] == run) {
+            *p = exited(p.clone(), 1);
+        }
+        w.step();
+        if round < 2 {
+            assert_eq!(w.phase(), Some(Phase::Recovering), "round {round}");
+            w.advance(Duration::from_secs(120));
+            w.step();
+            w.step();
+            w.pods_run();
+            w.until(Phase::Running);
+        }
+    }
+    assert_eq!(w.phase(), Some(Phase::Failed));
+    let st = w.job.status.clone().unwrap();
+    assert!(st.message.unwrap().contains("restartTrigger"));
+    w.job.spec.restart_trigger = Some("1".into());
+    w.step();
+    assert_eq!(w.phase(), Some(Phase::Deploying));
+    assert_eq!(w.job.status.as_ref().unwrap().restarts_in_a_row, 0);
+}
+
+#[test]
+fn a_completed_checkpoint_resets_the_failures_in_a_row() {
+    let mut w = World::running(JobBuilder::new("j").build());
+    w.pods[0] = exited(w.pods[0].clone(), 1);
+    w.step();
+    w.advance(Duration::from_secs(5));
+    w.step();
+    w.step();
+    w.pods_run();
+    w.until(Phase::Running);
+    assert_eq!(w.job.status.as_ref().unwrap().restarts_in_a_row, 1);
+    w.advance(Duration::from_secs(1));
+    w.checkpoint(3);
+    w.step();
+    let st = w.job.status.clone().unwrap();
+    assert_eq!(st.restarts_in_a_row, 0);
+    assert_eq!(st.restarts, 1);
+}
+
+#[test]
+fn a_worker_exiting_with_a_fatal_error_fails_the_job_without_restarts() {
+    let mut w = World::running(JobBuilder::new("j").build());
+    w.pods[0] = exited(w.pods[0].clone(), 3);
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Failed));
+    assert_eq!(d.status.restarts, 0);
+    assert!(d.status.message.unwrap().contains("exit code 3"));
+}
+
+#[test]
+fn suspend_takes_a_savepoint_stops_the_pods_and_resume_restores() {
+    let mut w = World::running(JobBuilder::new("j").build());
+    w.job.spec.state = JobState::Suspended;
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Suspending));
+    let (id, stop) = savepoint_requests(std::slice::from_ref(&d))[0].clone();
+    assert!(stop);
+    w.savepoint = Some(Some(SavepointOutcome {
+        request_id: id,
+        state: SavepointState::Completed,
+        savepoint: Some(CheckpointStatus { id: 4, location: "/cp/sp-4".into(), completed_unix_ms: 1, duration_ms: 1 }),
+        error: None,
+    }));
+    let d = w.step();
+    assert_eq!(d.effects, vec![Effect::DeleteAllPods]);
+    w.savepoint = None;
+    w.coordinator = None;
+    w.step();
+    assert_eq!(w.phase(), Some(Phase::Suspended));
+    assert_eq!(w.job.status.as_ref().unwrap().last_savepoint.as_ref().unwrap().reason, SavepointReason::Suspend);
+    w.job.spec.state = JobState::Running;
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Deploying));
+    assert_eq!(d.status.run.unwrap().restore_from.as_deref(), Some("latest"));
+}
+
+#[test]
+fn a_savepoint_trigger_takes_one_savepoint_without_stopping_the_job() {
+    let mut w = World::running(JobBuilder::new("j").build());
+    let run = w.run_id();
+    w.job.spec.savepoint_trigger = Some("a".into());
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Savepointing));
+    let (id, stop) = savepoint_requests(std::slice::from_ref(&d))[0].clone();
+    assert!(!stop, "a triggered savepoint does not stop the job");
+    w.savepoint = Some(Some(SavepointOutcome {
+        request_id: id,
+        state: SavepointState::Completed,
+        savepoint: Some(CheckpointStatus { id: 5, location: "/cp/sp-5".into(), completed_unix_ms: 1, duration_ms: 1 }),
+        error: None,
+    }));
+    w.step();
+    assert_eq!(w.phase(), Some(Phase::Running));
+    w.savepoint = None;
+    let d = w.step();
+    assert!(d.effects.is_empty(), "one trigger value, one savepoint");
+    let st = d.status;
+    assert_eq!(st.savepoint_history.len(), 1);
+    assert_eq!(st.observed_savepoint_trigger.as_deref(), Some("a"));
+    assert_eq!(w.run_id(), run);
+}
+
+#[test]
+fn a_restart_trigger_restarts_from_the_latest_checkpoint_without_counting_a_failure() {
+    let mut w = World::running(JobBuilder::new("j").build());
+    w.job.spec.restart_trigger = Some("r1".into());
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Recovering));
+    assert_eq!(d.status.restarts, 0);
+    assert_eq!(d.status.run.unwrap().restore_from.as_deref(), Some("latest"));
+}
+
+#[test]
+fn deletion_takes_a_final_savepoint_then_lets_the_job_go() {
+    let w0 = World::running(JobBuilder::new("j").build());
+    let mut w = World { job: { let mut j = w0.job.clone(); j.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now())); j }, ..w0 };
+    w.step();
+    assert_eq!(w.phase(), Some(Phase::Deleting));
+    let d = w.step();
+    let (id, stop) = savepoint_requests(std::slice::from_ref(&d))[0].clone();
+    assert!(stop);
+    w.savepoint = Some(Some(SavepointOutcome {
+        request_id: id,
+        state: SavepointState::Completed,
+        savepoint: Some(CheckpointStatus { id: 8, location: "/cp/sp-8".into(), completed_unix_ms: 1, duration_ms: 1 }),
+        error: None,
+    }));
+    let d = w.step();
+    assert!(d.effects.contains(&Effect::RemoveFinalizer));
+    assert!(d.notes.iter().any(|n| n.reason == "FinalSavepoint" && n.message.contains("sp-8")));
+}
+
+#[test]
+fn deletion_never_waits_past_the_savepoint_timeout() {
+    let w0 = World::running(JobBuilder::new("j").spec(|s| s.savepoint_timeout = weir_api::pipeline::HumanDuration::from_millis(10_000)).build());
+    let mut w = World { job: { let mut j = w0.job.clone(); j.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now())); j }, ..w0 };
+    w.step();
+    w.step();
+    w.advance(Duration::from_secs(11));
+    let d = w.step();
+    assert!(d.effects.contains(&Effect::RemoveFinalizer));
+    assert!(d.notes.iter().any(|n| n.warning && n.reason == "DeletedWithoutSavepoint" && n.message.contains("savepointTimeout")));
+}
+
+#[test]
+fn deletion_while_the_job_restarts_does_not_wait_for_it() {
+    let mut w = World::running(JobBuilder::new("j").build());
+    w.pods[0] = exited(w.pods[0].clone(), 1);
+    w.step();
+    assert_eq!(w.phase(), Some(Phase::Recovering));
+    w.job.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()));
+    w.step();
+    let d = w.step();
+    assert!(d.effects.contains(&Effect::RemoveFinalizer));
+    assert!(d.notes.iter().any(|n| n.reason == "DeletedWithoutSavepoint"));
+}
+
+#[test]
+fn an_initial_savepoint_is_used_once_and_a_later_change_is_reported_not_applied() {
+    let job = JobBuilder::new("j").spec(|s| s.initial_savepoint = Some("/cp/sp-1".into())).build();
+    let mut w = World::new(job);
+    let d = w.step();
+    assert_eq!(d.status.run.unwrap().restore_from.as_deref(), Some("/cp/sp-1"));
+    w.step();
+    w.pods_run();
+    w.until(Phase::Running);
+    w.job.spec.initial_savepoint = Some("/cp/sp-2".into());
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Running));
+    assert!(d.effects.is_empty());
+    assert!(d.status.message.unwrap().contains("initialSavepoint"));
+}
+
+#[test]
+fn a_finished_job_stays_finished() {
+    let mut w = World::running(JobBuilder::new("j").build());
+    w.pods = w.pods.iter().map(|p| exited(p.clone(), 0)).collect();
+    w.step();
+    assert_eq!(w.phase(), Some(Phase::Finished));
+    let d = w.step();
+    assert!(d.effects.is_empty());
+    assert_eq!(w.phase(), Some(Phase::Finished));
+}
+
+#[test]
+fn an_invalid_spec_change_keeps_the_running_job_and_says_why() {
+    let mut w = World::running(JobBuilder::new("j").build());
+    w.job.spec.pipeline.0["sink"] = serde_json::json!({"nowhere": {}});
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Running));
+    assert!(d.effects.is_empty());
+    assert!(d.status.message.unwrap().contains("spec change not applied"));
+}

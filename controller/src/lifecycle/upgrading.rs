@@ -1,0 +1,82 @@
+//! A spec change is being rolled out: in savepoint mode first the savepoint
+//! (the old pods keep running), then the new run restored from it. If the
+//! savepoint fails the old job keeps running and status says why: the
+//! upgrade never falls back silently to a weaker mode.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use weir_api::streamjob::{Failure, StreamJobStatus};
+
+use super::run::{advance, begin_recovery, new_run, record_progress, restored_from, Progress};
+use super::savepoint::{self, Wait};
+use super::{Cx, Failed, Finished, Recovering, Running, State, Step};
+use crate::observe::RunHealth;
+
+pub struct Upgrading;
+
+impl State for Upgrading {
+    const PHASE: Option<weir_api::streamjob::Phase> = Some(weir_api::streamjob::Phase::Upgrading);
+
+    fn step(cx: &Cx, st: &mut StreamJobStatus) -> Step {
+        if st.pending_savepoint.is_some() {
+            return await_savepoint(cx, st);
+        }
+        match advance(cx, st) {
+            Progress::Waiting { effects, message, requeue } => {
+                Step::stay::<Upgrading>().effects(effects).message(format!("upgrading: {message}")).requeue(requeue)
+            }
+            Progress::Running => {
+                let from = restored_from(cx);
+                Step::to::<Upgrading, Running>()
+                    .event("Upgraded", format!("the new spec runs; {from}"))
+                    .message(format!("running the new spec; {from}"))
+                    .requeue(Duration::from_secs(2))
+            }
+            Progress::Finished => Step::to::<Upgrading, Finished>().message("finished: every source ended and the final checkpoint committed"),
+            Progress::Failed { reason, message, fatal: true } => {
+                st.last_failure = Some(Failure { time: Time(cx.now), reason: reason.clone(), message: message.clone() });
+                Step::to::<Upgrading, Failed>().warning(&reason, message.clone()).message(format!("upgrade failed: {message}"))
+            }
+            Progress::Failed { reason, message, .. } => match begin_recovery(cx, st, &reason, &message) {
+                Ok(m) => Step::to::<Upgrading, Recovering>().warning(&reason, m.clone()).message(m).requeue(Duration::ZERO),
+                Err(m) => Step::to::<Upgrading, Failed>().warning("RestartLimitReached", m.clone()).message(m),
+            },
+        }
+    }
+}
+
+fn await_savepoint(cx: &Cx, st: &mut StreamJobStatus) -> Step {
+    if let Some(run) = st.run.clone() {
+        if let RunHealth::Failed { reason, message, .. } = cx.obs.health(&run) {
+            // The old pods died before the savepoint completed. The newest
+            // consistent state is the latest checkpoint; say so loudly.
+            st.pending_savepoint = None;
+            let m = format!("{message}, before the upgrade savepoint completed; the new spec starts from the latest completed checkpoint instead");
+            return match begin_recovery(cx, st, &reason, &m) {
+                Ok(m) => Step::to::<Upgrading, Recovering>().warning("UpgradeSavepointLost", m.clone()).message(m).requeue(Duration::ZERO),
+                Err(m) => Step::to::<Upgrading, Failed>().warning("RestartLimitReached", m.clone()).message(m),
+            };
+        }
+    }
+    record_progress(cx, st);
+    match savepoint::wait(cx, st) {
+        Wait::Pending { effects, message } => Step::stay::<Upgrading>().effects(effects).message(format!("upgrading: {message}")).requeue(Duration::from_millis(500)),
+        Wait::Completed(sp) => {
+            let m = savepoint::record(cx, st, &sp);
+            new_run(cx, st, Some(sp.location.clone()), None);
+            Step::stay::<Upgrading>()
+                .event("SavepointCompleted", format!("{m}; stopping the old pods, then starting the new spec from it"))
+                .message(format!("upgrading: {m}; stopping the old pods"))
+                .requeue(Duration::ZERO)
+        }
+        Wait::Failed(why) => {
+            st.pending_savepoint = None;
+            let m = format!("upgrade savepoint failed: {why}");
+            st.last_failure = Some(Failure { time: Time(cx.now), reason: "SavepointFailed".into(), message: m.clone() });
+            let shown = format!("{m}; the job keeps running the previous spec (the upgrade is retried; to upgrade without a savepoint set upgradeMode: last-state)");
+            Step::to::<Upgrading, Running>().warning("SavepointFailed", shown.clone()).message(shown.clone()).degraded("SavepointFailed", shown).requeue(Duration::from_secs(1))
+        }
+    }
+}
+

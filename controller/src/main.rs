@@ -1,0 +1,134 @@
+//! `weir-controller`: the weir operator binary.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::Parser;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::{watcher, Controller};
+use kube::{Api, Client};
+use tracing::{error, info, warn};
+use weir_api::streamjob::StreamJob;
+use weir_controller::context::Context;
+use weir_controller::desired::WorkerSettings;
+use weir_controller::metrics::Metrics;
+use weir_controller::worker_api::HttpWorkerApi;
+use weir_controller::{names, reconcile, server};
+
+/// The weir operator: runs StreamJobs as worker pods, takes savepoints before
+/// upgrades, restores jobs after pod failures, and reports progress in status.
+#[derive(Parser, Debug)]
+#[command(name = "weir-controller", version)]
+struct Cli {
+    /// Watch StreamJobs in this namespace only (default: all namespaces).
+    #[arg(long, env = "WEIR_WATCH_NAMESPACE")]
+    namespace: Option<String>,
+    /// Address of the /metrics, /healthz and /readyz endpoint.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
+    /// Reconcile only while holding a Lease, so that several replicas can run.
+    #[arg(long)]
+    leader_election: bool,
+    /// Namespace of the leader Lease (default: POD_NAMESPACE, else "default").
+    #[arg(long, env = "POD_NAMESPACE")]
+    lease_namespace: Option<String>,
+    /// Name of the leader Lease.
+    #[arg(long, default_value = "weir-controller")]
+    lease_name: String,
+    /// ServiceAccount of worker pods whose StreamJob names none
+    /// (default: the namespace's default account; workers never call the API).
+    #[arg(long)]
+    worker_service_account: Option<String>,
+    /// Log format: text or json.
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_tracing(&cli.log_format);
+    let client = Client::try_default().await.context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+    let metrics = Arc::new(Metrics::new());
+    let ready = Arc::new(AtomicBool::new(false));
+    let health = server::Health { metrics: metrics.clone(), ready: ready.clone() };
+    let addr = cli.metrics_addr;
+    tokio::spawn(async move {
+        if let Err(e) = server::serve(addr, health).await {
+            error!(error = %e, %addr, "metrics endpoint stopped");
+            std::process::exit(1);
+        }
+    });
+    let version = client.apiserver_version().await.context("asking the API server for its version")?;
+    info!(server = %version.git_version, namespace = cli.namespace.as_deref().unwrap_or("(all)"), "connected");
+    ready.store(true, Ordering::Relaxed);
+
+    let mut leadership = None;
+    if cli.leader_election {
+        let identity = std::env::var("POD_NAME").unwrap_or_else(|_| format!("weir-controller-{}", std::process::id()));
+        let ns = cli.lease_namespace.clone().unwrap_or_else(|| "default".into());
+        let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &cli.lease_name)
+            .with_namespace(&ns)
+            .with_identity(&identity)
+            .with_duration(15)
+            .with_grace(5)
+            .build()
+            .await
+            .context("setting up leader election")?;
+        let (mut rx, task) = manager.watch().await;
+        info!(lease = %cli.lease_name, namespace = %ns, %identity, "waiting for the leader lease");
+        while !*rx.borrow_and_update() {
+            rx.changed().await.context("leader election stopped")?;
+        }
+        info!("leading");
+        metrics.leader.set(1);
+        leadership = Some((rx, task));
+    } else {
+        metrics.leader.set(1);
+    }
+
+    let (jobs, pods): (Api<StreamJob>, Api<Pod>) = match &cli.namespace {
+        Some(ns) => (Api::namespaced(client.clone(), ns), Api::namespaced(client.clone(), ns)),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    let instance = std::env::var("POD_NAME").ok();
+    let settings = WorkerSettings { service_account: cli.worker_service_account.clone() };
+    let ctx = Arc::new(Context::new(client.clone(), Arc::new(HttpWorkerApi::new()?), metrics, settings, instance));
+    let controller = Controller::new(jobs, watcher::Config::default())
+        .owns(pods, watcher::Config::default().labels(names::JOB_LABEL))
+        .shutdown_on_signal()
+        .run(reconcile::reconcile, reconcile::error_policy, ctx)
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "reconcile ended with an error");
+            }
+        });
+    match leadership {
+        None => controller.await,
+        Some((mut rx, _task)) => {
+            tokio::select! {
+                _ = controller => {}
+                _ = async { while rx.changed().await.is_ok() { if !*rx.borrow() { break; } } } => {
+                    // Another replica may act now: stop at once rather than race it.
+                    warn!("lost the leader lease; exiting so that the new leader alone acts");
+                    std::process::exit(1);
+                }
+            }
+        }
+    }
+    info!("stopped");
+    Ok(())
+}
+
+fn init_tracing(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}

@@ -1,0 +1,43 @@
+//! Names and labels of the objects the operator creates for a StreamJob.
+//! Everything a job owns carries `weir.dev/job=<name>`; worker pods also
+//! carry the run id and their worker index, which is how a restarted
+//! operator recognises the pods of the run its status names.
+
+/// On every object owned by a StreamJob.
+pub const JOB_LABEL: &str = "weir.dev/job";
+/// On worker pods: the run (attempt) they belong to.
+pub const RUN_LABEL: &str = "weir.dev/run";
+/// On worker pods: the worker index (which subtasks the pod hosts).
+pub const WORKER_LABEL: &str = "weir.dev/worker";
+/// The operator's finalizer: the final savepoint before deletion.
+pub const FINALIZER: &str = "weir.dev/savepoint-on-delete";
+
+/// Key of the pipeline file in the job's ConfigMap.
+pub const PIPELINE_KEY: &str = "pipeline.yaml";
+/// Where the pipeline ConfigMap is mounted in worker pods.
+pub const PIPELINE_DIR: &str = "/etc/weir";
+/// Key of the control token in the job's Secret.
+pub const TOKEN_KEY: &str = "token";
+/// Working directory of workers: relative sink and source paths resolve here.
+pub const WORK_DIR: &str = "/var/lib/weir";
+
+pub fn pipeline_config_map(job: &str) -> String {
+    format!("{job}-pipeline")
+}
+
+pub fn token_secret(job: &str) -> String {
+    format!("{job}-control-token")
+}
+
+pub fn service(job: &str) -> String {
+    format!("{job}-workers")
+}
+
+pub fn pod(job: &str, run_number: i64, index: u32) -> String {
+    format!("{job}-{run_number}-{index}")
+}
+
+/// The label selector of every pod of a job.
+pub fn job_selector(job: &str) -> String {
+    format!("{JOB_LABEL}={job}")
+}

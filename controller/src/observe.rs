@@ -1,0 +1,207 @@
+//! What a reconcile looks at: the job's pods, classified relative to the run
+//! its status names, and the coordinator's answers. Classification is pure so
+//! that the lifecycle can be tested on hand-made pods.
+
+use std::net::IpAddr;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use weir_api::control::{JobStatus, SavepointOutcome};
+use weir_api::streamjob::RunStatus;
+
+use crate::names::{RUN_LABEL, WORKER_LABEL};
+
+/// Exit code of a worker for errors a restart cannot fix (bad pipeline,
+/// unusable checkpoint); the runtime's `EXIT_FATAL`.
+pub const EXIT_FATAL: i32 = 3;
+
+/// Waiting reasons that mean a container will not start without a change.
+const START_FAILURES: &[&str] = &[
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "CrashLoopBackOff",
+];
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum PodState {
+    /// Not running yet; the reason when the pod says one (e.g. Unschedulable).
+    Pending { reason: Option<String> },
+    Running,
+    Succeeded,
+    Failed { reason: String, exit_code: Option<i32> },
+    /// Being deleted (by someone, or evicted).
+    Terminating,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodView {
+    pub name: String,
+    pub run: Option<String>,
+    pub index: Option<u32>,
+    pub ip: Option<IpAddr>,
+    pub state: PodState,
+}
+
+impl PodView {
+    pub fn of(pod: &Pod) -> PodView {
+        let labels = pod.metadata.labels.clone().unwrap_or_default();
+        let status = pod.status.clone().unwrap_or_default();
+        let ip = status.pod_ip.as_deref().and_then(|s| s.parse().ok());
+        let container = status.container_statuses.as_ref().and_then(|c| c.first()).cloned();
+        let terminated = container.as_ref().and_then(|c| c.state.as_ref()).and_then(|s| s.terminated.clone());
+        let waiting = container.as_ref().and_then(|c| c.state.as_ref()).and_then(|s| s.waiting.clone());
+        let state = if pod.metadata.deletion_timestamp.is_some() {
+            PodState::Terminating
+        } else {
+            match status.phase.as_deref() {
+                Some("Succeeded") => PodState::Succeeded,
+                Some("Failed") => PodState::Failed {
+                    reason: terminated
+                        .as_ref()
+                        .and_then(|t| t.reason.clone())
+                        .or(status.reason.clone())
+                        .unwrap_or_else(|| "Failed".into()),
+                    exit_code: terminated.as_ref().map(|t| t.exit_code),
+                },
+                _ => match (&waiting, &terminated) {
+                    (Some(w), _) if w.reason.as_deref().is_some_and(|r| START_FAILURES.contains(&r)) => PodState::Failed {
+                        reason: w.reason.clone().unwrap_or_default(),
+                        exit_code: None,
+                    },
+                    // restartPolicy Never: a terminated container ends the pod; the
+                    // phase may lag behind the container state.
+                    (_, Some(t)) if t.exit_code == 0 => PodState::Succeeded,
+                    (_, Some(t)) => PodState::Failed {
+                        reason: t.reason.clone().unwrap_or_else(|| "Error".into()),
+                        exit_code: Some(t.exit_code),
+                    },
+                    _ if status.phase.as_deref() == Some("Running") => PodState::Running,
+                    _ => PodState::Pending {
+                        reason: status
+                            .conditions
+                            .as_ref()
+                            .and_then(|cs| cs.iter().find(|c| c.status == "False" && c.reason.is_some()))
+                            .and_then(|c| c.message.clone().or(c.reason.clone()))
+                            .or(waiting.and_then(|w| w.reason)),
+                    },
+                },
+            }
+        };
+        PodView {
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            run: labels.get(RUN_LABEL).cloned(),
+            index: labels.get(WORKER_LABEL).and_then(|i| i.parse().ok()),
+            ip,
+            state,
+        }
+    }
+}
+
+/// How the current run's pods are doing.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunHealth {
+    /// No pod of the run exists (not created yet).
+    NotCreated,
+    /// Some pods are not running yet (or have no IP).
+    Starting { waiting_for: Option<String> },
+    /// Every worker runs and has an IP (by worker index).
+    Running { ips: Vec<IpAddr> },
+    /// Every worker exited 0: the job finished.
+    Finished,
+    /// A worker failed, was deleted or is missing.
+    Failed { reason: String, message: String, fatal: bool },
+}
+
+/// Everything a reconcile observed.
+#[derive(Debug, Clone)]
+pub struct Observed {
+    pub now: Timestamp,
+    pub pods: Vec<PodView>,
+    /// The coordinator's answer, when the run's pods run and it answered.
+    pub coordinator: Option<JobStatus>,
+    /// Why the coordinator did not answer, when it was asked.
+    pub coordinator_error: Option<String>,
+    /// The outcome of the pending savepoint request: `Some(None)` when the
+    /// coordinator does not know the request (not sent yet, or another run).
+    pub savepoint: Option<Option<SavepointOutcome>>,
+}
+
+impl Observed {
+    pub fn at(now: Timestamp) -> Observed {
+        Observed { now, pods: Vec::new(), coordinator: None, coordinator_error: None, savepoint: None }
+    }
+
+    /// Pods that do not belong to `run` (an earlier run, or stray).
+    pub fn pods_of_other_runs(&self, run: Option<&str>) -> usize {
+        self.pods.iter().filter(|p| p.run.as_deref() != run || run.is_none()).count()
+    }
+
+    pub fn health(&self, run: &RunStatus) -> RunHealth {
+        let mine: Vec<&PodView> = self.pods.iter().filter(|p| p.run.as_deref() == Some(run.id.as_str())).collect();
+        if mine.is_empty() && !run.pods_created {
+            return RunHealth::NotCreated;
+        }
+        let workers = run.workers.max(0) as u32;
+        let mut ips = Vec::with_capacity(workers as usize);
+        let mut waiting_for = None;
+        let mut finished = 0;
+        for index in 0..workers {
+            let Some(pod) = mine.iter().find(|p| p.index == Some(index)) else {
+                if run.pods_created {
+                    return RunHealth::Failed {
+                        reason: "PodMissing".into(),
+                        message: format!("worker {index}'s pod is gone (deleted or evicted)"),
+                        fatal: false,
+                    };
+                }
+                waiting_for.get_or_insert_with(|| format!("worker {index}'s pod to be created"));
+                continue;
+            };
+            match &pod.state {
+                PodState::Failed { reason, exit_code } => {
+                    let fatal = *exit_code == Some(EXIT_FATAL);
+                    let code = exit_code.map(|c| format!(" with exit code {c}")).unwrap_or_default();
+                    let hint = if fatal { " (an error a restart cannot fix: see the pod's log)" } else { "" };
+                    return RunHealth::Failed {
+                        reason: if fatal { "WorkerFatalError".into() } else { "PodFailed".into() },
+                        message: format!("worker {index} (pod {}) failed{code}: {reason}{hint}", pod.name),
+                        fatal,
+                    };
+                }
+                PodState::Terminating => {
+                    return RunHealth::Failed {
+                        reason: "PodDeleted".into(),
+                        message: format!("worker {index}'s pod {} is being deleted or evicted", pod.name),
+                        fatal: false,
+                    }
+                }
+                PodState::Succeeded => finished += 1,
+                PodState::Running => match pod.ip {
+                    Some(ip) => ips.push(ip),
+                    None => {
+                        waiting_for.get_or_insert_with(|| format!("an IP for pod {}", pod.name));
+                    }
+                },
+                PodState::Pending { reason } => {
+                    waiting_for.get_or_insert_with(|| match reason {
+                        Some(r) => format!("pod {}: {r}", pod.name),
+                        None => format!("pod {} to start", pod.name),
+                    });
+                }
+            }
+        }
+        if workers > 0 && finished == workers {
+            RunHealth::Finished
+        } else if waiting_for.is_none() && finished == 0 && ips.len() == workers as usize {
+            RunHealth::Running { ips }
+        } else if finished > 0 && waiting_for.is_none() {
+            // Workers finish one after another; the run is done when all are.
+            RunHealth::Starting { waiting_for: Some("the remaining workers to finish".into()) }
+        } else {
+            RunHealth::Starting { waiting_for }
+        }
+    }
+}

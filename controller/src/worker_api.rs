@@ -1,0 +1,97 @@
+//! The client side of a job's control endpoint (see `weir_api::control`):
+//! progress, membership and savepoints. Behind a trait so that reconcile
+//! tests can answer for the workers.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use weir_api::control::{ErrorBody, JobStatus, Membership, SavepointOutcome, SavepointRequest};
+
+use crate::error::{Error, Result};
+
+/// What the operator asks of a job's workers.
+pub trait WorkerApi: Send + Sync + 'static {
+    /// The job's progress, from worker 0.
+    fn status<'a>(&'a self, api: SocketAddr, token: &'a str) -> BoxFuture<'a, Result<JobStatus>>;
+    /// Gives one worker its run's membership (idempotent for the same run).
+    fn put_membership<'a>(&'a self, worker: SocketAddr, token: &'a str, membership: &'a Membership) -> BoxFuture<'a, Result<()>>;
+    /// Asks worker 0 for a savepoint; asking again with the same id is safe.
+    fn request_savepoint<'a>(&'a self, api: SocketAddr, token: &'a str, request: &'a SavepointRequest) -> BoxFuture<'a, Result<SavepointOutcome>>;
+    /// The outcome of a savepoint request; `None` when this run does not know the id.
+    fn savepoint_outcome<'a>(&'a self, api: SocketAddr, token: &'a str, request_id: &'a str) -> BoxFuture<'a, Result<Option<SavepointOutcome>>>;
+}
+
+/// HTTP client with short timeouts: a reconcile must not hang on a worker.
+pub struct HttpWorkerApi {
+    http: reqwest::Client,
+}
+
+impl HttpWorkerApi {
+    pub fn new() -> Result<HttpWorkerApi> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_millis(500))
+            .timeout(Duration::from_secs(3))
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|e| Error::Worker { addr: "-".into(), message: format!("cannot build HTTP client: {e}") })?;
+        Ok(HttpWorkerApi { http })
+    }
+
+    async fn send<T: serde::de::DeserializeOwned>(&self, addr: SocketAddr, req: reqwest::RequestBuilder) -> Result<(u16, Option<T>)> {
+        let worker = |message: String| Error::Worker { addr: addr.to_string(), message };
+        let resp = req.send().await.map_err(|e| worker(e.to_string()))?;
+        let code = resp.status().as_u16();
+        let body = resp.bytes().await.map_err(|e| worker(e.to_string()))?;
+        if (200..300).contains(&code) {
+            if body.is_empty() {
+                return Ok((code, None));
+            }
+            let value = serde_json::from_slice(&body).map_err(|e| worker(format!("unexpected answer: {e}")))?;
+            return Ok((code, Some(value)));
+        }
+        if code == 404 {
+            return Ok((code, None));
+        }
+        let message = serde_json::from_slice::<ErrorBody>(&body)
+            .map(|b| b.error)
+            .unwrap_or_else(|_| String::from_utf8_lossy(&body).into_owned());
+        Err(worker(format!("HTTP {code}: {message}")))
+    }
+}
+
+impl WorkerApi for HttpWorkerApi {
+    fn status<'a>(&'a self, api: SocketAddr, token: &'a str) -> BoxFuture<'a, Result<JobStatus>> {
+        Box::pin(async move {
+            let req = self.http.get(format!("http://{api}/v1/status")).bearer_auth(token);
+            match self.send::<JobStatus>(api, req).await? {
+                (_, Some(s)) => Ok(s),
+                (code, None) => Err(Error::Worker { addr: api.to_string(), message: format!("HTTP {code} without a status") }),
+            }
+        })
+    }
+
+    fn put_membership<'a>(&'a self, worker: SocketAddr, token: &'a str, membership: &'a Membership) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let req = self.http.put(format!("http://{worker}/v1/membership")).bearer_auth(token).json(membership);
+            self.send::<serde_json::Value>(worker, req).await.map(|_| ())
+        })
+    }
+
+    fn request_savepoint<'a>(&'a self, api: SocketAddr, token: &'a str, request: &'a SavepointRequest) -> BoxFuture<'a, Result<SavepointOutcome>> {
+        Box::pin(async move {
+            let req = self.http.post(format!("http://{api}/v1/savepoints")).bearer_auth(token).json(request);
+            match self.send::<SavepointOutcome>(api, req).await? {
+                (_, Some(o)) => Ok(o),
+                (code, None) => Err(Error::Worker { addr: api.to_string(), message: format!("HTTP {code} without an outcome") }),
+            }
+        })
+    }
+
+    fn savepoint_outcome<'a>(&'a self, api: SocketAddr, token: &'a str, request_id: &'a str) -> BoxFuture<'a, Result<Option<SavepointOutcome>>> {
+        Box::pin(async move {
+            let req = self.http.get(format!("http://{api}/v1/savepoints/{request_id}")).bearer_auth(token);
+            Ok(self.send::<SavepointOutcome>(api, req).await?.1)
+        })
+    }
+}
