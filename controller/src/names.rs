@@ -18,8 +18,14 @@ pub const PIPELINE_KEY: &str = "pipeline.yaml";
 pub const PIPELINE_DIR: &str = "/etc/weir";
 /// Key of the control token in the job's Secret.
 pub const TOKEN_KEY: &str = "token";
-/// Working directory of workers: relative sink and source paths resolve here.
-pub const WORK_DIR: &str = "/var/lib/weir";
+/// Under this directory each job gets its own working directory
+/// (`<WORK_ROOT>/<namespace>/<job>`): relative sink and source paths of its
+/// pipeline resolve there, so two jobs never write into each other's files.
+pub const WORK_ROOT: &str = "/var/lib/weir/jobs";
+
+pub fn work_dir(namespace: &str, job: &str) -> String {
+    format!("{WORK_ROOT}/{namespace}/{job}")
+}
 
 pub fn pipeline_config_map(job: &str) -> String {
     format!("{job}-pipeline")

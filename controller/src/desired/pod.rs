@@ -45,7 +45,7 @@ pub fn worker_pod(job: &StreamJob, run: &RunStatus, index: u32, settings: &Worke
         "--state-dir".into(),
         state_dir(job),
         "--base-dir".into(),
-        names::WORK_DIR.into(),
+        names::work_dir(&job.namespace().unwrap_or_else(|| "default".into()), &name),
     ];
     if let Some(from) = &run.restore_from {
         args.push("--restore".into());

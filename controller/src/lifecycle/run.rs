@@ -82,7 +82,8 @@ pub(super) fn advance(cx: &Cx, st: &mut StreamJobStatus) -> Progress {
         RunHealth::Starting { waiting_for } => Progress::Waiting {
             effects: Vec::new(),
             message: format!("waiting for {}", waiting_for.unwrap_or_else(|| "the worker pods".into())),
-            requeue: Duration::from_millis(500),
+            // Pod changes wake the reconciler (it watches the pods it owns).
+            requeue: Duration::from_secs(5),
         },
         RunHealth::Finished => Progress::Finished,
         RunHealth::Failed { reason, message, fatal } => Progress::Failed { reason, message, fatal },
