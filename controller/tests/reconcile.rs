@@ -1,0 +1,179 @@
+//! Reconciles against a mocked API server (tower-test): the requests the
+//! operator makes, in order. Proves the ordering rules no pure test can:
+//! the finalizer comes first, status is written before anything is created
+//! or deleted, and nothing else is touched.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use http::{Request, Response};
+use kube::client::Body;
+use kube::Client;
+use serde_json::{json, Value};
+use weir_api::control::{JobStatus, Membership, SavepointOutcome, SavepointRequest};
+use weir_api::streamjob::StreamJob;
+use weir_controller::context::Context;
+use weir_controller::desired::WorkerSettings;
+use weir_controller::metrics::Metrics;
+use weir_controller::worker_api::WorkerApi;
+
+/// Workers that are never reached in these tests.
+struct NoWorkers;
+
+impl WorkerApi for NoWorkers {
+    fn status<'a>(&'a self, api: SocketAddr, _: &'a str) -> BoxFuture<'a, weir_controller::Result<JobStatus>> {
+        Box::pin(async move { Err(weir_controller::Error::Worker { addr: api.to_string(), message: "unreachable in this test".into() }) })
+    }
+    fn put_membership<'a>(&'a self, w: SocketAddr, _: &'a str, _: &'a Membership) -> BoxFuture<'a, weir_controller::Result<()>> {
+        Box::pin(async move { Err(weir_controller::Error::Worker { addr: w.to_string(), message: "unreachable".into() }) })
+    }
+    fn request_savepoint<'a>(&'a self, a: SocketAddr, _: &'a str, _: &'a SavepointRequest) -> BoxFuture<'a, weir_controller::Result<SavepointOutcome>> {
+        Box::pin(async move { Err(weir_controller::Error::Worker { addr: a.to_string(), message: "unreachable".into() }) })
+    }
+    fn savepoint_outcome<'a>(&'a self, a: SocketAddr, _: &'a str, _: &'a str) -> BoxFuture<'a, weir_controller::Result<Option<SavepointOutcome>>> {
+        Box::pin(async move { Err(weir_controller::Error::Worker { addr: a.to_string(), message: "unreachable".into() }) })
+    }
+}
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+fn context() -> (Arc<Context>, Handle) {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, "jobs");
+    let ctx = Context::new(client, Arc::new(NoWorkers), Arc::new(Metrics::new()), WorkerSettings::default(), Some("test".into()));
+    (Arc::new(ctx), handle)
+}
+
+fn job(finalizer: bool, status: Option<Value>) -> StreamJob {
+    let mut j = json!({
+        "apiVersion": "weir.dev/v1alpha1",
+        "kind": "StreamJob",
+        "metadata": {"name": "j", "namespace": "jobs", "uid": "0123456789abcdef", "generation": 1, "resourceVersion": "7"},
+        "spec": {
+            "image": "weir",
+            "parallelism": 2,
+            "checkpoint": {"storage": "file:///var/lib/weir/checkpoints"},
+            "pipeline": {
+                "name": "j",
+                "source": {"generator": {"events": 100, "keys": 10}},
+                "steps": [{"key_by": "key"}, {"running_count": "count"}],
+                "sink": {"file": {"path": "out", "format": "jsonl"}}
+            }
+        }
+    });
+    if finalizer {
+        j["metadata"]["finalizers"] = json!(["weir.dev/savepoint-on-delete"]);
+    }
+    if let Some(s) = status {
+        j["status"] = s;
+    }
+    serde_json::from_value(j).unwrap()
+}
+
+/// The next request, checked by method and path; answered with `answer` (status, body).
+async fn expect(handle: &mut Handle, method: &str, path: &str, code: u16, answer: Value) -> Value {
+    let (req, send) = handle.next_request().await.expect("the reconciler made no further request");
+    assert_eq!(req.method().as_str(), method, "request to {}", req.uri());
+    assert!(req.uri().path().ends_with(path) || req.uri().path() == path, "expected {method} {path}, got {} {}", req.method(), req.uri());
+    let body = req.into_body().collect_bytes().await.unwrap();
+    let sent: Value = if body.is_empty() { Value::Null } else { serde_json::from_slice(&body).unwrap() };
+    send.send_response(Response::builder().status(code).body(Body::from(serde_json::to_vec(&answer).unwrap())).unwrap());
+    sent
+}
+
+fn empty_pods() -> Value {
+    json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": []})
+}
+
+#[tokio::test]
+async fn a_new_job_gets_the_finalizer_before_anything_else() {
+    let (ctx, mut handle) = context();
+    let j = Arc::new(job(false, None));
+    let server = tokio::spawn(async move {
+        let sent = expect(&mut handle, "PATCH", "/apis/weir.dev/v1alpha1/namespaces/jobs/streamjobs/j", 200, serde_json::to_value(job(true, None)).unwrap()).await;
+        assert_eq!(sent["metadata"]["finalizers"], json!(["weir.dev/savepoint-on-delete"]));
+        handle
+    });
+    weir_controller::reconcile::reconcile(j, ctx).await.unwrap();
+    let mut handle = server.await.unwrap();
+    assert!(futures::poll!(Box::pin(handle.next_request())).is_pending(), "nothing else before the finalizer is in place");
+}
+
+#[tokio::test]
+async fn status_says_deploying_before_any_pod_is_created() {
+    let (ctx, mut handle) = context();
+    let server = tokio::spawn(async move {
+        expect(&mut handle, "GET", "/api/v1/namespaces/jobs/pods", 200, empty_pods()).await;
+        let sent = expect(&mut handle, "PATCH", "/apis/weir.dev/v1alpha1/namespaces/jobs/streamjobs/j/status", 200, serde_json::to_value(job(true, None)).unwrap()).await;
+        assert_eq!(sent["status"]["phase"], "Deploying");
+        assert_eq!(sent["status"]["run"]["podsCreated"], false);
+        expect(&mut handle, "POST", "/apis/events.k8s.io/v1/namespaces/jobs/events", 201, json!({})).await;
+        handle
+    });
+    weir_controller::reconcile::reconcile(Arc::new(job(true, None)), ctx).await.unwrap();
+    let mut handle = server.await.unwrap();
+    assert!(futures::poll!(Box::pin(handle.next_request())).is_pending(), "no object is created in the step that decides the run");
+}
+
+#[tokio::test]
+async fn the_run_is_marked_created_in_status_then_token_pipeline_service_and_pods_are_applied() {
+    let (ctx, mut handle) = context();
+    let status = json!({
+        "phase": "Deploying",
+        "run": {"id": "01234567-1", "number": 1, "specHash": "x", "workers": 2, "podsCreated": false, "startedAt": "2026-11-29T12:00:00Z"},
+        "restarts": 0, "restartsInARow": 0
+    });
+    let j = job(true, Some(status));
+    let server = tokio::spawn(async move {
+        expect(&mut handle, "GET", "/api/v1/namespaces/jobs/pods", 200, empty_pods()).await;
+        let sent = expect(&mut handle, "PATCH", "/streamjobs/j/status", 200, serde_json::to_value(job(true, None)).unwrap()).await;
+        assert_eq!(sent["status"]["run"]["podsCreated"], true, "status first");
+        expect(&mut handle, "GET", "/api/v1/namespaces/jobs/secrets/j-control-token", 404, json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"})).await;
+        let secret = expect(&mut handle, "PATCH", "/api/v1/namespaces/jobs/secrets/j-control-token", 200, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "j-control-token"}})).await;
+        assert_eq!(secret["metadata"]["ownerReferences"][0]["kind"], "StreamJob");
+        let cm = expect(&mut handle, "PATCH", "/api/v1/namespaces/jobs/configmaps/j-pipeline", 200, json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "j-pipeline"}})).await;
+        assert!(cm["data"]["pipeline.yaml"].as_str().unwrap().contains("parallelism: 2"));
+        expect(&mut handle, "PATCH", "/api/v1/namespaces/jobs/services/j-workers", 200, json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "j-workers"}})).await;
+        for i in 0..2 {
+            let pod = expect(&mut handle, "PATCH", &format!("/api/v1/namespaces/jobs/pods/j-1-{i}"), 200, json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": format!("j-1-{i}")}})).await;
+            assert_eq!(pod["metadata"]["labels"]["weir.dev/run"], "01234567-1");
+        }
+        handle
+    });
+    weir_controller::reconcile::reconcile(Arc::new(j), ctx).await.unwrap();
+    let mut handle = server.await.unwrap();
+    assert!(futures::poll!(Box::pin(handle.next_request())).is_pending());
+}
+
+#[tokio::test]
+async fn a_failed_pod_is_recorded_as_recovering_before_the_old_run_is_deleted() {
+    let (ctx, mut handle) = context();
+    let status = json!({
+        "phase": "Running",
+        "run": {"id": "01234567-1", "number": 1, "specHash": "x", "workers": 2, "podsCreated": true, "startedAt": "2026-11-29T12:00:00Z"},
+        "restarts": 0, "restartsInARow": 0
+    });
+    let pod = |i: u32, phase: &str| json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": format!("j-1-{i}"), "namespace": "jobs", "labels": {"weir.dev/job": "j", "weir.dev/run": "01234567-1", "weir.dev/worker": i.to_string()}},
+        "status": {"phase": phase, "podIP": format!("127.0.1.{}", i + 1)}
+    });
+    let pods = json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [pod(0, "Running"), pod(1, "Failed")]});
+    let j = job(true, Some(status));
+    let server = tokio::spawn(async move {
+        expect(&mut handle, "GET", "/api/v1/namespaces/jobs/pods", 200, pods.clone()).await;
+        let sent = expect(&mut handle, "PATCH", "/streamjobs/j/status", 200, serde_json::to_value(job(true, None)).unwrap()).await;
+        assert_eq!(sent["status"]["phase"], "Recovering");
+        assert_eq!(sent["status"]["restarts"], 1);
+        assert_eq!(sent["status"]["run"]["restoreFrom"], "latest");
+        assert_eq!(sent["status"]["run"]["number"], 2);
+        // A warning event says why; then nothing is deleted in this step
+        // (the next step deletes the old pods, then waits the backoff).
+        expect(&mut handle, "POST", "/apis/events.k8s.io/v1/namespaces/jobs/events", 201, json!({})).await;
+        handle
+    });
+    weir_controller::reconcile::reconcile(Arc::new(j), ctx).await.unwrap();
+    let mut handle = server.await.unwrap();
+    assert!(futures::poll!(Box::pin(handle.next_request())).is_pending());
+}
