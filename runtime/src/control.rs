@@ -11,37 +11,12 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{Error, Result};
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct CheckpointStatus {
-    pub id: u64,
-    pub location: String,
-    pub completed_unix_ms: u64,
-    pub duration_ms: u64,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct JobStatus {
-    pub job: String,
-    pub run_id: String,
-    /// starting, running, finishing, finished
-    pub phase: String,
-    pub guarantee: String,
-    pub parallelism: u32,
-    pub records_in: u64,
-    pub records_out: u64,
-    pub latest_checkpoint: Option<CheckpointStatus>,
-    pub last_savepoint: Option<CheckpointStatus>,
-    pub checkpoint_in_progress: Option<u64>,
-    pub checkpoints_completed: u64,
-    pub checkpoints_failed: u64,
-    pub last_checkpoint_failure: Option<String>,
-    pub restored_from: Option<String>,
-}
+// One definition of the JSON on the wire, shared with the operator.
+pub use weir_api::control::{CheckpointStatus, JobStatus};
 
 pub type SharedStatus = Arc<Mutex<JobStatus>>;
 
