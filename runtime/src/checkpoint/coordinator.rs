@@ -10,16 +10,20 @@
 //! every source has ended, a final checkpoint is taken; once it is committed
 //! the workers are told to shut down and the job has finished.
 //!
+//! Savepoints are requested through the control endpoint by request id; their
+//! outcomes are kept in the run's [`SavepointBook`], which callers poll.
+//!
 //! The coordinator holds no job data: losing it fails the run, and the run is
 //! restored from the latest completed checkpoint like any other failure.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use super::metadata::{CheckpointMetadata, SnapshotKind, SubtaskAck};
+use super::savepoints::SavepointBook;
 use super::storage::CheckpointStorage;
 use crate::control::{ApiRequest, CheckpointStatus, SharedStatus};
 use crate::error::{Error, Result};
@@ -41,6 +45,11 @@ pub struct CoordinatorConfig {
     pub timeout: Duration,
     pub retain: usize,
     pub storage: CheckpointStorage,
+    /// Where savepoint outcomes are recorded for the control endpoint.
+    pub savepoints: SavepointBook,
+    /// The checkpoint this run restores (worker 0's view); every worker must
+    /// restore the same one, or the run would mix states of different moments.
+    pub restored_from: Option<String>,
 }
 
 enum Event {
@@ -56,7 +65,8 @@ struct Pending {
     dir: String,
     started: Instant,
     acks: HashMap<(usize, u32), SubtaskAck>,
-    waiter: Option<oneshot::Sender<Result<CheckpointStatus, String>>>,
+    /// The savepoint request this snapshot answers.
+    request: Option<String>,
 }
 
 struct Coordinator {
@@ -72,7 +82,8 @@ struct Coordinator {
     sources_finished: BTreeSet<u32>,
     final_completed: bool,
     final_failed: bool,
-    savepoint_queue: Vec<oneshot::Sender<Result<CheckpointStatus, String>>>,
+    /// Request ids of savepoints not yet triggered, oldest first.
+    savepoint_queue: VecDeque<String>,
     metrics: HashMap<u32, (u64, u64)>,
 }
 
@@ -81,7 +92,7 @@ pub async fn run(cfg: CoordinatorConfig, listener: TcpListener, mut api: mpsc::R
     let next_id = cfg.storage.next_id().await?;
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let run_id = cfg.run_id.clone();
-    tokio::spawn(accept_workers(listener, run_id, events_tx));
+    tokio::spawn(accept_workers(listener, run_id, cfg.restored_from.clone(), events_tx));
     let mut c = Coordinator {
         cfg,
         status,
@@ -95,7 +106,7 @@ pub async fn run(cfg: CoordinatorConfig, listener: TcpListener, mut api: mpsc::R
         sources_finished: BTreeSet::new(),
         final_completed: false,
         final_failed: false,
-        savepoint_queue: Vec::new(),
+        savepoint_queue: VecDeque::new(),
         metrics: HashMap::new(),
     };
     c.set_phase("starting");
@@ -110,11 +121,11 @@ pub async fn run(cfg: CoordinatorConfig, listener: TcpListener, mut api: mpsc::R
                 }
             }
             req = api.recv() => {
-                if let Some(ApiRequest::Savepoint(tx)) = req {
+                if let Some(ApiRequest::Savepoint { request_id }) = req {
                     if c.final_completed {
-                        let _ = tx.send(Err("the job has finished; no savepoint can be taken".into()));
+                        c.cfg.savepoints.fail(&request_id, "the job has finished; no savepoint can be taken");
                     } else {
-                        c.savepoint_queue.push(tx);
+                        c.savepoint_queue.push_back(request_id);
                     }
                 }
             }
@@ -126,16 +137,30 @@ pub async fn run(cfg: CoordinatorConfig, listener: TcpListener, mut api: mpsc::R
     }
 }
 
-async fn accept_workers(listener: TcpListener, run_id: String, events: mpsc::UnboundedSender<Event>) {
+async fn accept_workers(listener: TcpListener, run_id: String, restored_from: Option<String>, events: mpsc::UnboundedSender<Event>) {
     loop {
         let Ok((stream, peer)) = listener.accept().await else { continue };
         let events = events.clone();
         let run_id = run_id.clone();
+        let restored_from = restored_from.clone();
         tokio::spawn(async move {
             let peer = peer.to_string();
             let mut conn = framed(stream);
             let worker = match recv::<ToCoordinator>(&mut conn, &peer).await {
-                Ok(Some(ToCoordinator::Hello { worker, run_id: r })) if r == run_id => worker,
+                Ok(Some(ToCoordinator::Hello { worker, run_id: r, restored_from: theirs })) if r == run_id => {
+                    // Workers resolve `--restore latest` each on their own; if the
+                    // latest pointer moved in between, they would disagree.
+                    if theirs != restored_from {
+                        let reason = format!(
+                            "it restores from {} but worker 0 from {}; every worker of a run must restore the same checkpoint",
+                            theirs.as_deref().unwrap_or("nothing"),
+                            restored_from.as_deref().unwrap_or("nothing")
+                        );
+                        let _ = events.send(Event::Lost { worker, reason });
+                        return;
+                    }
+                    worker
+                }
                 Ok(Some(ToCoordinator::Hello { .. })) => {
                     tracing::warn!(%peer, "ignoring a worker of another run of this job");
                     return;
@@ -284,9 +309,8 @@ impl Coordinator {
             }
             return;
         }
-        if !self.savepoint_queue.is_empty() {
-            let waiter = self.savepoint_queue.remove(0);
-            self.trigger(SnapshotKind::Savepoint, false, Some(waiter));
+        if let Some(request) = self.savepoint_queue.pop_front() {
+            self.trigger(SnapshotKind::Savepoint, false, Some(request));
         } else if self.sources_finished.len() == self.cfg.parallelism as usize {
             self.trigger(SnapshotKind::Checkpoint, true, None);
         } else if !self.cfg.interval.is_zero() && self.last_trigger.elapsed() >= self.cfg.interval {
@@ -294,7 +318,7 @@ impl Coordinator {
         }
     }
 
-    fn trigger(&mut self, kind: SnapshotKind, is_final: bool, waiter: Option<oneshot::Sender<Result<CheckpointStatus, String>>>) {
+    fn trigger(&mut self, kind: SnapshotKind, is_final: bool, request: Option<String>) {
         let id = self.next_id;
         self.next_id += 1;
         let dir = match kind {
@@ -310,7 +334,7 @@ impl Coordinator {
         if is_final {
             self.set_phase("finishing");
         }
-        self.pending = Some(Pending { id, kind, is_final, dir, started: Instant::now(), acks: HashMap::new(), waiter });
+        self.pending = Some(Pending { id, kind, is_final, dir, started: Instant::now(), acks: HashMap::new(), request });
     }
 
     async fn complete_pending(&mut self) {
@@ -351,12 +375,12 @@ impl Coordinator {
                 }
                 if p.is_final {
                     self.final_completed = true;
-                    for w in self.savepoint_queue.drain(..) {
-                        let _ = w.send(Err("the job finished before the savepoint could be taken".into()));
+                    for request in self.savepoint_queue.drain(..) {
+                        self.cfg.savepoints.fail(&request, "the job finished before the savepoint could be taken");
                     }
                 }
-                if let Some(w) = p.waiter.take() {
-                    let _ = w.send(Ok(st));
+                if let Some(request) = p.request.take() {
+                    self.cfg.savepoints.complete(&request, st);
                 }
             }
             Err(e) => {
@@ -375,8 +399,8 @@ impl Coordinator {
             s.checkpoints_failed += 1;
             s.last_checkpoint_failure = Some(format!("checkpoint {}: {reason}", p.id));
         }
-        if let Some(w) = p.waiter.take() {
-            let _ = w.send(Err(format!("savepoint {} failed: {reason}", p.id)));
+        if let Some(request) = p.request.take() {
+            self.cfg.savepoints.fail(&request, format!("savepoint {} failed: {reason}", p.id));
         }
         let dir = self.cfg.storage.dir(&p.dir);
         tokio::spawn(async move {
@@ -416,13 +440,15 @@ mod tests {
             timeout: Duration::from_millis(200),
             retain: 3,
             storage: storage.clone(),
+            savepoints: SavepointBook::default(),
+            restored_from: None,
         };
         let status = Arc::new(Mutex::new(JobStatus::default()));
         let (_api_tx, api_rx) = mpsc::channel(1);
         let coordinator = tokio::spawn(run(cfg, listener, api_rx, status.clone()));
 
         let mut conn = framed(connect(addr, Duration::from_secs(5)).await.unwrap());
-        send(&mut conn, &ToCoordinator::Hello { worker: 0, run_id: "r".into() }, "c").await.unwrap();
+        send(&mut conn, &ToCoordinator::Hello { worker: 0, run_id: "r".into(), restored_from: None }, "c").await.unwrap();
         send(&mut conn, &ToCoordinator::Ready, "c").await.unwrap();
         assert!(matches!(recv::<ToWorker>(&mut conn, "c").await.unwrap(), Some(ToWorker::Start)));
         let Some(ToWorker::Trigger(first)) = recv::<ToWorker>(&mut conn, "c").await.unwrap() else { panic!("no trigger") };

@@ -1,13 +1,17 @@
 //! A worker process: hosts slot `index` (subtask `index` of every stage, and
 //! more when there are fewer workers than subtasks), wires its channels to
 //! the other workers, and runs its subtasks until the job finishes or fails.
-//! Worker 0 also hosts the coordinator and the control API.
+//! Worker 0 also hosts the coordinator and answers for the job on the
+//! control endpoint.
 //!
-//! The same code runs under `weir run` (local processes) and in pods: a
-//! worker learns its peers' addresses from its [`Cluster`] argument, never
-//! from DNS, and treats the loss of any peer as the end of the run; whoever
-//! started it (the local supervisor or the operator) restores the job from
-//! the latest completed checkpoint.
+//! The same code runs under `weir run` (local processes) and in pods. A
+//! worker learns its peers' addresses from its membership, never from DNS:
+//! `weir run` passes it on the command line ([`Placement::Local`]); in a pod
+//! ([`Placement::Pod`]) the worker serves its control endpoint first and waits
+//! for the operator to `PUT /v1/membership`, since pod IPs are only known once
+//! every pod exists. It treats the loss of any peer as the end of the run;
+//! whoever started it (the local supervisor or the operator) restores the job
+//! from the latest completed checkpoint.
 
 pub mod gate;
 pub mod protocol;
@@ -15,6 +19,7 @@ pub mod restore;
 pub mod subtask;
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -26,8 +31,8 @@ use tokio::task::JoinSet;
 use tokio_util::codec::{FramedRead, FramedWrite};
 
 use crate::checkpoint::coordinator::{self, CoordinatorConfig};
-use crate::checkpoint::{CheckpointStorage, Location};
-use crate::control::{self, JobStatus};
+use crate::checkpoint::CheckpointStorage;
+use crate::control::{self, Control, JobStatus};
 use crate::error::{Error, Result};
 use crate::exchange::frame::{codec, decode_hello, encode_hello, FrameDecoder, FrameEncoder, Hello};
 use crate::exchange::partition::Partitioner;
@@ -39,16 +44,26 @@ use crate::source::SourceReader;
 
 pub use protocol::Cluster;
 use protocol::{framed, send, ToCoordinator, ToWorker};
-use restore::RestoredState;
+use restore::{RestoreFrom, RestoredState};
 use gate::InputGate;
 use subtask::{Counters, Input, Notification, Output, Subtask};
+
+/// How a worker learns its membership and where it serves its control endpoint.
+#[derive(Debug, Clone)]
+pub enum Placement {
+    /// `weir run`: the membership is given; worker 0 serves the endpoint at its `api`.
+    Local(Cluster),
+    /// A pod: serve the endpoint at `control_addr` at once, then wait (at most
+    /// `membership_timeout`) for `PUT /v1/membership`.
+    Pod { control_addr: SocketAddr, membership_timeout: Duration },
+}
 
 pub struct WorkerConfig {
     pub plan: Arc<JobPlan>,
     pub index: u32,
-    pub cluster: Cluster,
+    pub placement: Placement,
     pub state_dir: String,
-    pub restore: Option<String>,
+    pub restore: Option<RestoreFrom>,
     pub allow_non_restored_state: bool,
     /// Relative paths of sources and sinks are resolved against this directory.
     pub base_dir: PathBuf,
@@ -59,37 +74,102 @@ const CONNECT_WITHIN: Duration = Duration::from_secs(30);
 
 type Routes = HashMap<(usize, u32, u32), mpsc::Sender<Message>>;
 
+/// Runs the worker: obtains its membership, then runs its part of the job
+/// until the job finishes (Ok) or the run fails.
 pub async fn run(cfg: WorkerConfig) -> Result<()> {
+    let spec = &cfg.plan.spec;
+    let control = Control::new(
+        cfg.token.clone(),
+        cfg.index,
+        spec.parallelism,
+        JobStatus {
+            job: spec.name.clone(),
+            phase: "awaiting-membership".into(),
+            guarantee: spec.guarantee().to_string(),
+            parallelism: spec.parallelism,
+            ..Default::default()
+        },
+    );
+    let cluster = match &cfg.placement {
+        Placement::Local(cluster) => {
+            control.offer_membership(cluster.clone()).map_err(|r| Error::Job(format!("--cluster: {}", r.message)))?;
+            if cfg.index == 0 {
+                spawn_control(bind(cluster.api).await?, control.clone());
+            }
+            cluster.clone()
+        }
+        Placement::Pod { control_addr, membership_timeout } => {
+            spawn_control(bind(*control_addr).await?, control.clone());
+            tracing::info!(worker = cfg.index, addr = %control_addr, "control endpoint up; waiting for the membership (PUT /v1/membership)");
+            let m = tokio::time::timeout(*membership_timeout, control.membership()).await.map_err(|_| {
+                Error::Job(format!(
+                    "no membership arrived within {}: the operator sends it with PUT /v1/membership to {control_addr} once every worker pod has an IP",
+                    humane(*membership_timeout)
+                ))
+            })?;
+            if cfg.index == 0 && m.api.port() != control_addr.port() {
+                tracing::warn!(api = %m.api, control = %control_addr, "the membership's api is not this control endpoint; savepoints and status are served here only");
+            }
+            m
+        }
+    };
+    run_job(&cfg, &cluster, control).await
+}
+
+fn spawn_control(listener: TcpListener, control: Control) {
+    tokio::spawn(async move {
+        if let Err(e) = control::serve(listener, control).await {
+            tracing::error!(error = %e, "the control endpoint stopped");
+        }
+    });
+}
+
+fn humane(d: Duration) -> String {
+    weir_api::pipeline::HumanDuration::from_millis(d.as_millis() as u64).to_string()
+}
+
+/// Resolves `--restore` now that the run is known: `latest` means the latest
+/// completed checkpoint at this moment, fresh when there is none.
+async fn restore_state(cfg: &WorkerConfig, storage: &CheckpointStorage) -> Result<Option<RestoredState>> {
+    let Some(from) = &cfg.restore else { return Ok(None) };
+    let Some(location) = from.resolve(storage).await? else {
+        tracing::info!(worker = cfg.index, "no completed checkpoint in {}; starting fresh", storage.job_root.display);
+        return Ok(None);
+    };
+    let r = RestoredState::load(location).await?;
+    r.check_compatible(&cfg.plan, cfg.allow_non_restored_state)?;
+    tracing::info!(worker = cfg.index, checkpoint = r.meta.checkpoint_id, location = %r.location.display, "restoring");
+    Ok(Some(r))
+}
+
+async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Result<()> {
     let plan = cfg.plan.clone();
     let spec = &plan.spec;
     let (p, max_p) = (spec.parallelism, spec.max_parallelism);
     let index = cfg.index;
-    let cluster = &cfg.cluster;
     let storage = CheckpointStorage::open(&cfg.state_dir, &spec.name, true)?;
-    let restored = match &cfg.restore {
-        Some(loc) => {
-            let r = RestoredState::load(Location::parse(loc, false)?).await?;
-            r.check_compatible(&plan, cfg.allow_non_restored_state)?;
-            Some(r)
+    let restored = restore_state(cfg, &storage).await?;
+    let restored_from = restored.as_ref().map(|r| r.location.display.clone());
+    {
+        let status = control.status();
+        let mut st = status.lock().unwrap_or_else(|e| e.into_inner());
+        st.run_id = cluster.run_id.clone();
+        st.phase = "starting".into();
+        st.restored_from = restored_from.clone();
+    }
+    // Worker 0's phase is the coordinator's; the others report their own.
+    let set_phase = |phase: &str| {
+        if index != 0 {
+            control.set_phase(phase);
         }
-        None => None,
     };
 
     let mut coordinator_task = None;
     if index == 0 {
         let control_listener = bind(cluster.coordinator).await?;
-        let api_listener = bind(cluster.api).await?;
-        let status = Arc::new(Mutex::new(JobStatus {
-            job: spec.name.clone(),
-            run_id: cluster.run_id.clone(),
-            phase: "starting".into(),
-            guarantee: spec.guarantee().to_string(),
-            parallelism: p,
-            restored_from: restored.as_ref().map(|r| r.location.display.clone()),
-            ..Default::default()
-        }));
         let (api_tx, api_rx) = mpsc::channel(16);
-        tokio::spawn(control::serve(api_listener, cfg.token.clone(), status.clone(), api_tx));
+        control.serve_savepoints(api_tx);
+        let status = control.status();
         let ccfg = CoordinatorConfig {
             job: spec.name.clone(),
             run_id: cluster.run_id.clone(),
@@ -101,8 +181,12 @@ pub async fn run(cfg: WorkerConfig) -> Result<()> {
             timeout: spec.checkpoint.timeout.get(),
             retain: spec.checkpoint.retain as usize,
             storage: storage.clone(),
+            savepoints: control.savepoint_book(),
+            restored_from: restored_from.clone(),
         };
         coordinator_task = Some(tokio::spawn(coordinator::run(ccfg, control_listener, api_rx, status)));
+    } else {
+        control.savepoints_elsewhere(cluster.api);
     }
     let data_listener = bind(cluster.workers[index as usize]).await?;
 
@@ -111,7 +195,7 @@ pub async fn run(cfg: WorkerConfig) -> Result<()> {
     let coordinator_peer = cluster.coordinator.to_string();
     let conn = protocol::connect(cluster.coordinator, CONNECT_WITHIN).await?;
     let mut conn = framed(conn);
-    send(&mut conn, &ToCoordinator::Hello { worker: index, run_id: cluster.run_id.clone() }, &coordinator_peer).await?;
+    send(&mut conn, &ToCoordinator::Hello { worker: index, run_id: cluster.run_id.clone(), restored_from }, &coordinator_peer).await?;
     let (mut conn_tx, mut conn_rx) = conn.split::<bytes::Bytes>();
     let (to_coord, mut to_coord_rx) = mpsc::unbounded_channel::<ToCoordinator>();
     tokio::spawn(async move {
@@ -259,6 +343,7 @@ pub async fn run(cfg: WorkerConfig) -> Result<()> {
         r = start_rx => r.map_err(|_| Error::Job("the coordinator went away before the start".into()))?,
         reason = lost(&mut lost_rx) => return Err(Error::Job(reason)),
     }
+    set_phase("running");
 
     // Build and start the subtasks.
     let counters = Arc::new(Counters::default());
@@ -369,6 +454,7 @@ pub async fn run(cfg: WorkerConfig) -> Result<()> {
         records_out: counters.records_out.load(std::sync::atomic::Ordering::Relaxed),
     };
     metrics.abort();
+    set_phase("finishing");
     let _ = to_coord.send(msg);
     let _ = to_coord.send(ToCoordinator::Finished);
     tokio::select! {
@@ -378,6 +464,7 @@ pub async fn run(cfg: WorkerConfig) -> Result<()> {
         e = &mut coordinator_failed => return Err(e),
         _ = tokio::time::sleep(Duration::from_secs(30)) => return Err(Error::Job("no shutdown from the coordinator after the job finished".into())),
     }
+    set_phase("finished");
     // Let the coordinator answer the last status requests of the supervisor.
     tokio::time::sleep(Duration::from_millis(100)).await;
     Ok(())

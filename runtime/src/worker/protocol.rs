@@ -19,7 +19,14 @@ pub use weir_api::control::Membership as Cluster;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum ToCoordinator {
-    Hello { worker: u32, run_id: String },
+    /// `restored_from`: the checkpoint this worker restores, checked by the
+    /// coordinator against its own.
+    Hello {
+        worker: u32,
+        run_id: String,
+        #[serde(default)]
+        restored_from: Option<String>,
+    },
     Ready,
     Ack { checkpoint_id: u64, ack: SubtaskAck },
     Decline { checkpoint_id: u64, reason: String },
