@@ -474,4 +474,34 @@ mod tests {
         let result = tokio::time::timeout(Duration::from_secs(5), coordinator).await.unwrap().unwrap();
         assert!(result.unwrap_err().to_string().contains("worker 0 was lost"));
     }
+
+    #[tokio::test]
+    async fn a_worker_restoring_another_checkpoint_than_worker_0_fails_the_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = CheckpointStorage::open(dir.path().to_str().unwrap(), "job", true).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cfg = CoordinatorConfig {
+            job: "job".into(),
+            run_id: "r".into(),
+            parallelism: 2,
+            max_parallelism: 8,
+            stages: 1,
+            workers: 2,
+            interval: Duration::ZERO,
+            timeout: Duration::from_secs(5),
+            retain: 3,
+            storage,
+            savepoints: SavepointBook::default(),
+            restored_from: Some("/s/job/checkpoints/chk-4".into()),
+        };
+        let (_api_tx, api_rx) = mpsc::channel(1);
+        let coordinator = tokio::spawn(run(cfg, listener, api_rx, Arc::new(Mutex::new(JobStatus::default()))));
+        let mut conn = framed(connect(addr, Duration::from_secs(5)).await.unwrap());
+        let hello = ToCoordinator::Hello { worker: 1, run_id: "r".into(), restored_from: Some("/s/job/checkpoints/chk-5".into()) };
+        send(&mut conn, &hello, "c").await.unwrap();
+        let result = tokio::time::timeout(Duration::from_secs(5), coordinator).await.unwrap().unwrap();
+        let e = result.unwrap_err().to_string();
+        assert!(e.contains("chk-5") && e.contains("chk-4") && e.contains("must restore the same checkpoint"), "{e}");
+    }
 }
