@@ -16,10 +16,10 @@
 pub mod gate;
 pub mod protocol;
 pub mod restore;
+mod start;
 pub mod subtask;
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -32,7 +32,7 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 
 use crate::checkpoint::coordinator::{self, CoordinatorConfig};
 use crate::checkpoint::CheckpointStorage;
-use crate::control::{self, Control, JobStatus};
+use crate::control::Control;
 use crate::error::{Error, Result};
 use crate::exchange::frame::{codec, decode_hello, encode_hello, FrameDecoder, FrameEncoder, Hello};
 use crate::exchange::partition::Partitioner;
@@ -43,20 +43,12 @@ use crate::sink::{SinkRestore, SinkWriter};
 use crate::source::SourceReader;
 
 pub use protocol::Cluster;
+pub use start::{run, Placement};
 use protocol::{framed, send, ToCoordinator, ToWorker};
-use restore::{RestoreFrom, RestoredState};
+use restore::RestoreFrom;
+use start::restore_state;
 use gate::InputGate;
 use subtask::{Counters, Input, Notification, Output, Subtask};
-
-/// How a worker learns its membership and where it serves its control endpoint.
-#[derive(Debug, Clone)]
-pub enum Placement {
-    /// `weir run`: the membership is given; worker 0 serves the endpoint at its `api`.
-    Local(Cluster),
-    /// A pod: serve the endpoint at `control_addr` at once, then wait (at most
-    /// `membership_timeout`) for `PUT /v1/membership`.
-    Pod { control_addr: SocketAddr, membership_timeout: Duration },
-}
 
 pub struct WorkerConfig {
     pub plan: Arc<JobPlan>,
@@ -74,74 +66,7 @@ const CONNECT_WITHIN: Duration = Duration::from_secs(30);
 
 type Routes = HashMap<(usize, u32, u32), mpsc::Sender<Message>>;
 
-/// Runs the worker: obtains its membership, then runs its part of the job
-/// until the job finishes (Ok) or the run fails.
-pub async fn run(cfg: WorkerConfig) -> Result<()> {
-    let spec = &cfg.plan.spec;
-    let control = Control::new(
-        cfg.token.clone(),
-        cfg.index,
-        spec.parallelism,
-        JobStatus {
-            job: spec.name.clone(),
-            phase: "awaiting-membership".into(),
-            guarantee: spec.guarantee().to_string(),
-            parallelism: spec.parallelism,
-            ..Default::default()
-        },
-    );
-    let cluster = match &cfg.placement {
-        Placement::Local(cluster) => {
-            control.offer_membership(cluster.clone()).map_err(|r| Error::Job(format!("--cluster: {}", r.message)))?;
-            if cfg.index == 0 {
-                spawn_control(bind(cluster.api).await?, control.clone());
-            }
-            cluster.clone()
-        }
-        Placement::Pod { control_addr, membership_timeout } => {
-            spawn_control(bind(*control_addr).await?, control.clone());
-            tracing::info!(worker = cfg.index, addr = %control_addr, "control endpoint up; waiting for the membership (PUT /v1/membership)");
-            let m = tokio::time::timeout(*membership_timeout, control.membership()).await.map_err(|_| {
-                Error::Job(format!(
-                    "no membership arrived within {}: the operator sends it with PUT /v1/membership to {control_addr} once every worker pod has an IP",
-                    humane(*membership_timeout)
-                ))
-            })?;
-            if cfg.index == 0 && m.api.port() != control_addr.port() {
-                tracing::warn!(api = %m.api, control = %control_addr, "the membership's api is not this control endpoint; savepoints and status are served here only");
-            }
-            m
-        }
-    };
-    run_job(&cfg, &cluster, control).await
-}
-
-fn spawn_control(listener: TcpListener, control: Control) {
-    tokio::spawn(async move {
-        if let Err(e) = control::serve(listener, control).await {
-            tracing::error!(error = %e, "the control endpoint stopped");
-        }
-    });
-}
-
-fn humane(d: Duration) -> String {
-    weir_api::pipeline::HumanDuration::from_millis(d.as_millis() as u64).to_string()
-}
-
-/// Resolves `--restore` now that the run is known: `latest` means the latest
-/// completed checkpoint at this moment, fresh when there is none.
-async fn restore_state(cfg: &WorkerConfig, storage: &CheckpointStorage) -> Result<Option<RestoredState>> {
-    let Some(from) = &cfg.restore else { return Ok(None) };
-    let Some(location) = from.resolve(storage).await? else {
-        tracing::info!(worker = cfg.index, "no completed checkpoint in {}; starting fresh", storage.job_root.display);
-        return Ok(None);
-    };
-    let r = RestoredState::load(location).await?;
-    r.check_compatible(&cfg.plan, cfg.allow_non_restored_state)?;
-    tracing::info!(worker = cfg.index, checkpoint = r.meta.checkpoint_id, location = %r.location.display, "restoring");
-    Ok(Some(r))
-}
-
+/// Runs this worker's part of run `cluster` until the job finishes or the run fails.
 async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Result<()> {
     let plan = cfg.plan.clone();
     let spec = &plan.spec;
