@@ -104,6 +104,12 @@ pub struct SavepointRequest {
     /// second savepoint. Generated when absent.
     #[serde(default)]
     pub request_id: Option<String>,
+    /// Stop-with-savepoint: once the savepoint completes, the coordinator takes
+    /// no further checkpoint, so no output is committed after it. The operator
+    /// asks for this before an upgrade, a suspension or a deletion, because the
+    /// next run restores from this savepoint.
+    #[serde(default)]
+    pub stop: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
