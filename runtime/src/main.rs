@@ -133,8 +133,8 @@ worker pod has an IP). /healthz needs no token; every other route needs
 to start without that variable. Worker 0 answers /v1/status and /v1/savepoints
 for the job; the other workers answer /v1/status for themselves.
 
-Environment: WEIR_CONTROL_TOKEN (the job's token), WEIR_LOG_JSON (JSON logs),
-RUST_LOG (log filter).
+Environment: WEIR_CONTROL_TOKEN (the job's token), WEIR_RUN_ID (pod mode: accept
+only this run's membership), WEIR_LOG_JSON (JSON logs), RUST_LOG (log filter).
 
 Exit codes: 0 the job finished; 3 an error a restart cannot fix (bad pipeline,
 unusable checkpoint, missing token); 1 anything else (a lost peer, no membership
@@ -186,6 +186,7 @@ fn main() -> ExitCode {
                     None => Placement::Pod {
                         control_addr: control_addr.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], CONTROL_PORT))),
                         membership_timeout,
+                        run_id: std::env::var("WEIR_RUN_ID").ok().filter(|r| !r.is_empty()),
                     },
                 };
                 let base_dir = match base_dir {
@@ -239,7 +240,7 @@ async fn take_savepoint(run: &local::RunInfo, within: Duration) -> anyhow::Resul
     let deadline = Instant::now() + within;
     // The id makes asking again safe: a retry never takes a second savepoint.
     let request_id = format!("cli-{:016x}", rand::random::<u64>());
-    let body = serde_json::to_vec(&SavepointRequest { request_id: Some(request_id.clone()) })?;
+    let body = serde_json::to_vec(&SavepointRequest { request_id: Some(request_id.clone()), stop: false })?;
     let mut outcome: SavepointOutcome = call_job(run, "POST", "/v1/savepoints", Some(&body), Duration::from_secs(10)).await?;
     while outcome.state == SavepointState::Pending {
         if Instant::now() >= deadline {

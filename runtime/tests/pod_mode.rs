@@ -23,8 +23,9 @@ struct Pods {
 }
 
 impl Pods {
-    /// Starts one worker per IP (`127.42.<net>.<index + 1>`) in pod mode.
-    fn start(job: &Job, net: u8, extra: &[&str]) -> Pods {
+    /// Starts one worker per IP (`127.42.<net>.<index + 1>`) in pod mode, for
+    /// run `run_id` (passed as the operator does, in `WEIR_RUN_ID`).
+    fn start(job: &Job, net: u8, run_id: &str, extra: &[&str]) -> Pods {
         let ips: Vec<IpAddr> = (0..2u8).map(|i| IpAddr::from([127, 42, net, i + 1])).collect();
         let mut children = Vec::new();
         let mut logs = Vec::new();
@@ -39,6 +40,7 @@ impl Pods {
                 .args(["--membership-timeout", "60s"])
                 .args(extra)
                 .env("WEIR_CONTROL_TOKEN", TOKEN)
+                .env("WEIR_RUN_ID", run_id)
                 .env("RUST_LOG", "info")
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
@@ -118,8 +120,8 @@ impl Pods {
     }
 
     /// Takes a savepoint through the asynchronous API and returns its location.
-    fn savepoint(&self, request_id: &str) -> String {
-        let body = format!("{{\"request_id\": \"{request_id}\"}}");
+    fn savepoint(&self, request_id: &str, stop: bool) -> String {
+        let body = format!("{{\"request_id\": \"{request_id}\", \"stop\": {stop}}}");
         let (code, answer) = http(self.control(0), "POST", "/v1/savepoints", Some(&body)).unwrap();
         assert_eq!(code, 202, "{answer}");
         let start = Instant::now();
@@ -193,7 +195,7 @@ fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&str>) -> Optio
 #[test]
 fn pod_mode_workers_get_their_membership_over_http_and_finish_exactly_once() {
     let job = Job::counting(2, 20_000, 17, 0, "100ms");
-    let mut pods = Pods::start(&job, 1, &[]);
+    let mut pods = Pods::start(&job, 1, "pod-run-1", &[]);
     for i in 0..2 {
         let st = pods.status(i);
         assert_eq!((st.phase.as_str(), st.job.as_str()), ("awaiting-membership", "eo-test"));
@@ -201,6 +203,9 @@ fn pod_mode_workers_get_their_membership_over_http_and_finish_exactly_once() {
     // Worker 1 first: the job cannot start (and end) before worker 0 has its membership too.
     let mine = serde_json::to_string(&pods.membership("pod-run-1")).unwrap();
     let other = serde_json::to_string(&pods.membership("pod-run-2")).unwrap();
+    // Not the run this pod was started for.
+    let (code, answer) = http(pods.control(1), "PUT", "/v1/membership", Some(&other)).unwrap();
+    assert_eq!(code, 400, "{answer}");
     for _ in 0..2 {
         // The operator may repeat itself after a restart.
         assert_eq!(http(pods.control(1), "PUT", "/v1/membership", Some(&mine)).unwrap().0, 200);
@@ -218,10 +223,10 @@ fn pod_mode_workers_get_their_membership_over_http_and_finish_exactly_once() {
 #[test]
 fn after_a_savepoint_and_a_lost_worker_a_new_set_restores_latest_exactly_once() {
     let job = Job::counting(2, 100_000, 23, 20_000, "100ms");
-    let mut first = Pods::start(&job, 2, &[]);
+    let mut first = Pods::start(&job, 2, "pod-run-a", &[]);
     first.put_membership("pod-run-a");
     first.wait_running(10_000);
-    let savepoint = first.savepoint("sp-request-1");
+    let savepoint = first.savepoint("sp-request-1", false);
     assert!(std::path::Path::new(&savepoint).join("_metadata").exists(), "{savepoint}");
     assert_eq!(first.status(0).last_savepoint.map(|s| s.location), Some(savepoint));
     let st = first.status(1);
@@ -239,7 +244,7 @@ fn after_a_savepoint_and_a_lost_worker_a_new_set_restores_latest_exactly_once() 
     assert!(job.committed_lines().len() < 100_000, "the job finished before the failure; make it longer");
 
     let latest = std::fs::read_to_string(job.path("state/eo-test/checkpoints/_latest")).unwrap();
-    let mut second = Pods::start(&job, 3, &["--restore", "latest"]);
+    let mut second = Pods::start(&job, 3, "pod-run-b", &["--restore", "latest"]);
     second.put_membership("pod-run-b");
     let st = second.status_of_run(0, "pod-run-b");
     let restored = st.restored_from.expect("restored from the latest checkpoint");
@@ -250,24 +255,34 @@ fn after_a_savepoint_and_a_lost_worker_a_new_set_restores_latest_exactly_once() 
 }
 
 #[test]
-fn a_savepoint_location_from_the_api_restores_as_given() {
-    // No periodic checkpoints: nothing is committed before the failure, so
-    // restoring the savepoint must reproduce the output exactly. The state
+fn a_stopping_savepoint_location_from_the_api_restores_as_given_exactly_once() {
+    // A stopping savepoint is the run's last snapshot: nothing is committed
+    // after it, so restoring it must reproduce the output exactly. The state
     // directory is a file:// URL, the form a cluster's storage takes.
-    let job = Job::counting(2, 100_000, 19, 20_000, "0s");
+    let job = Job::counting(2, 100_000, 19, 20_000, "100ms");
     let state_url = format!("file://{}", job.path("state").display());
-    let mut first = Pods::start(&job, 4, &["--state-dir", &state_url, "--restore", "latest"]);
+    let mut first = Pods::start(&job, 4, "pod-run-x", &["--state-dir", &state_url, "--restore", "latest"]);
     first.put_membership("pod-run-x");
     first.wait_running(10_000);
     assert_eq!(first.status(0).restored_from, None, "nothing to restore yet: a fresh start");
-    let savepoint = first.savepoint("before-the-kill");
+    let start = Instant::now();
+    while first.status(0).checkpoints_completed == 0 {
+        assert!(start.elapsed() < Duration::from_secs(20), "no checkpoint completed:\n{}", first.logs());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let savepoint = first.savepoint("upgrade-1", true);
+    let st = first.status(0);
+    std::thread::sleep(Duration::from_millis(600));
+    let later = first.status(0);
+    assert_eq!((later.checkpoints_completed, later.checkpoint_in_progress), (st.checkpoints_completed, None), "a checkpoint after the stopping savepoint");
+    let committed = job.committed_lines().len();
+    assert!(committed > 0 && committed < 100_000, "{committed} lines committed");
     first.kill(0);
     let survivor = first.wait(1, Duration::from_secs(30));
     assert_eq!(survivor.code(), Some(1), "worker 1 after losing worker 0:\n{}", first.logs());
     assert!(first.logs().contains("starting fresh"), "{}", first.logs());
-    assert!(job.committed_lines().is_empty(), "nothing may be committed without a checkpoint");
 
-    let mut second = Pods::start(&job, 5, &["--state-dir", &state_url, "--restore", &savepoint]);
+    let mut second = Pods::start(&job, 5, "pod-run-y", &["--state-dir", &state_url, "--restore", &savepoint]);
     second.put_membership("pod-run-y");
     assert_eq!(second.status_of_run(1, "pod-run-y").restored_from.as_deref(), Some(savepoint.as_str()));
     second.wait_finished();

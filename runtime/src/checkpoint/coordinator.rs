@@ -11,7 +11,10 @@
 //! the workers are told to shut down and the job has finished.
 //!
 //! Savepoints are requested through the control endpoint by request id; their
-//! outcomes are kept in the run's [`SavepointBook`], which callers poll.
+//! outcomes are kept in the run's [`SavepointBook`], which callers poll. A
+//! savepoint that *stops* the job (before an upgrade, a suspension or a
+//! deletion, which restore from it or end with it) is the run's last
+//! snapshot: no checkpoint follows it, so no output is committed after it.
 //!
 //! The coordinator holds no job data: losing it fails the run, and the run is
 //! restored from the latest completed checkpoint like any other failure.
@@ -52,6 +55,12 @@ pub struct CoordinatorConfig {
     pub restored_from: Option<String>,
 }
 
+/// A savepoint request admitted by the control endpoint.
+struct Ask {
+    request_id: String,
+    stop: bool,
+}
+
 enum Event {
     Connected { worker: u32, tx: mpsc::UnboundedSender<ToWorker> },
     Message { worker: u32, msg: ToCoordinator },
@@ -66,7 +75,7 @@ struct Pending {
     started: Instant,
     acks: HashMap<(usize, u32), SubtaskAck>,
     /// The savepoint request this snapshot answers.
-    request: Option<String>,
+    request: Option<Ask>,
 }
 
 struct Coordinator {
@@ -82,8 +91,10 @@ struct Coordinator {
     sources_finished: BTreeSet<u32>,
     final_completed: bool,
     final_failed: bool,
-    /// Request ids of savepoints not yet triggered, oldest first.
-    savepoint_queue: VecDeque<String>,
+    /// Savepoints asked for and not yet triggered, oldest first.
+    savepoint_queue: VecDeque<Ask>,
+    /// Set once a stopping savepoint completed: no snapshot follows.
+    stopped_by: Option<u64>,
     metrics: HashMap<u32, (u64, u64)>,
 }
 
@@ -107,6 +118,7 @@ pub async fn run(cfg: CoordinatorConfig, listener: TcpListener, mut api: mpsc::R
         final_completed: false,
         final_failed: false,
         savepoint_queue: VecDeque::new(),
+        stopped_by: None,
         metrics: HashMap::new(),
     };
     c.set_phase("starting");
@@ -121,11 +133,13 @@ pub async fn run(cfg: CoordinatorConfig, listener: TcpListener, mut api: mpsc::R
                 }
             }
             req = api.recv() => {
-                if let Some(ApiRequest::Savepoint { request_id }) = req {
+                if let Some(ApiRequest::Savepoint { request_id, stop }) = req {
                     if c.final_completed {
                         c.cfg.savepoints.fail(&request_id, "the job has finished; no savepoint can be taken");
+                    } else if let Some(id) = c.stopped_by {
+                        c.cfg.savepoints.fail(&request_id, format!("the job was stopped with savepoint {id}; it takes no further snapshot"));
                     } else {
-                        c.savepoint_queue.push_back(request_id);
+                        c.savepoint_queue.push_back(Ask { request_id, stop });
                     }
                 }
             }
@@ -299,7 +313,7 @@ impl Coordinator {
     }
 
     async fn on_tick(&mut self) {
-        if !self.started || self.final_completed {
+        if !self.started || self.final_completed || self.stopped_by.is_some() {
             return;
         }
         if let Some(p) = &self.pending {
@@ -318,7 +332,7 @@ impl Coordinator {
         }
     }
 
-    fn trigger(&mut self, kind: SnapshotKind, is_final: bool, request: Option<String>) {
+    fn trigger(&mut self, kind: SnapshotKind, is_final: bool, request: Option<Ask>) {
         let id = self.next_id;
         self.next_id += 1;
         let dir = match kind {
@@ -375,12 +389,20 @@ impl Coordinator {
                 }
                 if p.is_final {
                     self.final_completed = true;
-                    for request in self.savepoint_queue.drain(..) {
-                        self.cfg.savepoints.fail(&request, "the job finished before the savepoint could be taken");
+                    for ask in self.savepoint_queue.drain(..) {
+                        self.cfg.savepoints.fail(&ask.request_id, "the job finished before the savepoint could be taken");
                     }
                 }
-                if let Some(request) = p.request.take() {
-                    self.cfg.savepoints.complete(&request, st);
+                if let Some(ask) = p.request.take() {
+                    if ask.stop {
+                        tracing::info!(id = p.id, "stopped with a savepoint: no further checkpoint is taken");
+                        self.stopped_by = Some(p.id);
+                        for other in self.savepoint_queue.drain(..) {
+                            let reason = format!("the job was stopped with savepoint {} before this one could be taken", p.id);
+                            self.cfg.savepoints.fail(&other.request_id, reason);
+                        }
+                    }
+                    self.cfg.savepoints.complete(&ask.request_id, st);
                 }
             }
             Err(e) => {
@@ -399,8 +421,8 @@ impl Coordinator {
             s.checkpoints_failed += 1;
             s.last_checkpoint_failure = Some(format!("checkpoint {}: {reason}", p.id));
         }
-        if let Some(request) = p.request.take() {
-            self.cfg.savepoints.fail(&request, format!("savepoint {} failed: {reason}", p.id));
+        if let Some(ask) = p.request.take() {
+            self.cfg.savepoints.fail(&ask.request_id, format!("savepoint {} failed: {reason}", p.id));
         }
         let dir = self.cfg.storage.dir(&p.dir);
         tokio::spawn(async move {
@@ -503,5 +525,68 @@ mod tests {
         let result = tokio::time::timeout(Duration::from_secs(5), coordinator).await.unwrap().unwrap();
         let e = result.unwrap_err().to_string();
         assert!(e.contains("chk-5") && e.contains("chk-4") && e.contains("must restore the same checkpoint"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn after_a_stopping_savepoint_no_checkpoint_is_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = CheckpointStorage::open(dir.path().to_str().unwrap(), "job", true).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let book = SavepointBook::default();
+        let cfg = CoordinatorConfig {
+            job: "job".into(),
+            run_id: "r".into(),
+            parallelism: 1,
+            max_parallelism: 8,
+            stages: 1,
+            workers: 1,
+            interval: Duration::from_millis(30),
+            timeout: Duration::from_secs(5),
+            retain: 3,
+            storage,
+            savepoints: book.clone(),
+            restored_from: None,
+        };
+        let (api_tx, api_rx) = mpsc::channel(4);
+        let _coordinator = tokio::spawn(run(cfg, listener, api_rx, Arc::new(Mutex::new(JobStatus::default()))));
+        let mut conn = framed(connect(addr, Duration::from_secs(5)).await.unwrap());
+        send(&mut conn, &ToCoordinator::Hello { worker: 0, run_id: "r".into(), restored_from: None }, "c").await.unwrap();
+        send(&mut conn, &ToCoordinator::Ready, "c").await.unwrap();
+        assert!(matches!(recv::<ToWorker>(&mut conn, "c").await.unwrap(), Some(ToWorker::Start)));
+        assert!(matches!(book.admit("stop-1"), crate::checkpoint::savepoints::Admission::New(_)));
+        api_tx.send(ApiRequest::Savepoint { request_id: "stop-1".into(), stop: true }).await.unwrap();
+        // Acknowledge every snapshot (periodic checkpoints may come first) until the savepoint.
+        loop {
+            match recv::<ToWorker>(&mut conn, "c").await.unwrap() {
+                Some(ToWorker::Trigger(b)) => {
+                    let ack = SubtaskAck { stage: 0, subtask: 0, operators: vec![] };
+                    send(&mut conn, &ToCoordinator::Ack { checkpoint_id: b.checkpoint_id, ack }, "c").await.unwrap();
+                    if b.savepoint {
+                        break;
+                    }
+                }
+                Some(ToWorker::Complete { .. }) => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        // Many intervals pass without another trigger.
+        let quiet = tokio::time::timeout(Duration::from_millis(300), async {
+            loop {
+                match recv::<ToWorker>(&mut conn, "c").await.unwrap() {
+                    Some(ToWorker::Complete { .. }) => {}
+                    other => return other,
+                }
+            }
+        })
+        .await;
+        assert!(quiet.is_err(), "a snapshot after the stopping savepoint: {quiet:?}");
+        assert_eq!(book.get("stop-1").map(|o| o.state), Some(weir_api::control::SavepointState::Completed));
+        assert!(matches!(book.admit("later"), crate::checkpoint::savepoints::Admission::New(_)));
+        api_tx.send(ApiRequest::Savepoint { request_id: "later".into(), stop: false }).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let later = book.get("later").unwrap();
+        assert_eq!(later.state, weir_api::control::SavepointState::Failed);
+        assert!(later.error.unwrap().contains("stopped with savepoint"));
     }
 }

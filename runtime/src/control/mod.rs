@@ -15,7 +15,7 @@ mod client;
 mod tests;
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use axum::body::Bytes;
 use axum::extract::rejection::PathRejection;
@@ -39,8 +39,9 @@ pub type SharedStatus = Arc<Mutex<JobStatus>>;
 
 /// What the control endpoint asks of the coordinator.
 pub enum ApiRequest {
-    /// Take a savepoint for this (newly admitted) request id.
-    Savepoint { request_id: String },
+    /// Take a savepoint for this (newly admitted) request id; with `stop`, the
+    /// run's last snapshot (no checkpoint commits output after it).
+    Savepoint { request_id: String, stop: bool },
 }
 
 /// Who takes savepoints for this process.
@@ -63,6 +64,8 @@ struct Inner {
     index: u32,
     parallelism: u32,
     membership: watch::Sender<Option<Membership>>,
+    /// The run this worker was started for, when its starter says (a pod's `WEIR_RUN_ID`).
+    expected_run: OnceLock<String>,
     status: SharedStatus,
     book: SavepointBook,
     savepoints: Mutex<Savepoints>,
@@ -90,11 +93,18 @@ impl Control {
                 index,
                 parallelism,
                 membership: watch::channel(None).0,
+                expected_run: OnceLock::new(),
                 status: Arc::new(Mutex::new(status)),
                 book: SavepointBook::default(),
                 savepoints: Mutex::new(Savepoints::NotYet),
             }),
         }
+    }
+
+    /// Accept only the membership of this run: a pod is created for one run,
+    /// and must not join another even if asked by mistake.
+    pub fn expect_run(&self, run_id: String) {
+        let _ = self.inner.expected_run.set(run_id);
     }
 
     pub fn status(&self) -> SharedStatus {
@@ -120,16 +130,12 @@ impl Control {
     }
 
     /// Accepts the membership of this worker's run: once, or the identical
-    /// one again. Checking and setting is one step, so two concurrent offers
-    /// of different runs cannot both be accepted.
+    /// one again (200); another one after that is a conflict (409); one that
+    /// does not fit this worker is refused (400). Checking and setting is one
+    /// step, so two concurrent offers of different runs cannot both be accepted.
     pub fn offer_membership(&self, m: Membership) -> Result<(), Refusal> {
-        self.fits(&m).map_err(|message| Refusal { code: StatusCode::BAD_REQUEST, message })?;
         let mut verdict = Ok(());
         self.inner.membership.send_if_modified(|current| match current {
-            None => {
-                *current = Some(m.clone());
-                true
-            }
             Some(same) if *same == m => false,
             Some(other) => {
                 verdict = Err(Refusal {
@@ -138,6 +144,16 @@ impl Control {
                 });
                 false
             }
+            None => match self.fits(&m) {
+                Ok(()) => {
+                    *current = Some(m.clone());
+                    true
+                }
+                Err(message) => {
+                    verdict = Err(Refusal { code: StatusCode::BAD_REQUEST, message });
+                    false
+                }
+            },
         });
         verdict
     }
@@ -147,6 +163,11 @@ impl Control {
         if m.run_id.is_empty() || m.run_id.len() > 128 || !m.run_id.chars().all(valid_id) {
             // The run id names output files: no path separators, nothing odd.
             return Err(format!("run_id `{}` must be 1 to 128 characters of A-Z a-z 0-9 - _ .", m.run_id.escape_debug()));
+        }
+        if let Some(expected) = self.inner.expected_run.get() {
+            if *expected != m.run_id {
+                return Err(format!("this worker was started for run `{expected}`, not run `{}`", m.run_id));
+            }
         }
         let n = m.workers.len();
         if n == 0 {
@@ -256,8 +277,8 @@ async fn post_savepoint(State(c): State<Control>, body: Bytes) -> Response {
         Admission::Known(o) => o,
         Admission::Full => return error(StatusCode::SERVICE_UNAVAILABLE, "too many savepoints are pending; ask again later"),
         Admission::New(o) => {
-            tracing::info!(%request_id, "savepoint requested");
-            if coordinator.send(ApiRequest::Savepoint { request_id: request_id.clone() }).await.is_err() {
+            tracing::info!(%request_id, stop = req.stop, "savepoint requested");
+            if coordinator.send(ApiRequest::Savepoint { request_id: request_id.clone(), stop: req.stop }).await.is_err() {
                 let reason = "the job stopped before the savepoint could be taken";
                 c.inner.book.fail(&request_id, reason);
                 return (StatusCode::ACCEPTED, Json(c.inner.book.get(&request_id).unwrap_or(o))).into_response();

@@ -113,7 +113,11 @@ async fn a_membership_that_does_not_fit_is_refused_with_400() {
         assert_eq!(code, 400, "{body}: {answer}");
         assert!(error_of(&answer).contains(expect), "{body}: {answer}");
     }
-    // None of them was taken: a fitting one still is.
+    // None of them was taken: a fitting one still is, of the expected run only.
+    control.expect_run("r".into());
+    let (code, answer) = req(addr, "PUT", "/v1/membership", TOKEN, Some(&json(&membership("other-run", 2)))).await;
+    assert_eq!(code, 400);
+    assert!(error_of(&answer).contains("started for run `r`, not run `other-run`"), "{answer}");
     assert_eq!(req(addr, "PUT", "/v1/membership", TOKEN, Some(&json(&membership("r", 2)))).await.0, 200);
 }
 
@@ -133,7 +137,7 @@ async fn the_same_savepoint_request_id_takes_one_savepoint() {
         let o: SavepointOutcome = serde_json::from_str(&answer).unwrap();
         assert_eq!((o.request_id.as_str(), o.state), ("op-1", SavepointState::Pending));
     }
-    assert!(matches!(rx.try_recv(), Ok(ApiRequest::Savepoint { request_id }) if request_id == "op-1"));
+    assert!(matches!(rx.try_recv(), Ok(ApiRequest::Savepoint { request_id, stop: false }) if request_id == "op-1"));
     assert!(rx.try_recv().is_err(), "a second savepoint was queued for the same request id");
 
     let sp = CheckpointStatus { id: 4, location: "/state/j/savepoints/sp-4-1".into(), completed_unix_ms: 1, duration_ms: 2 };
@@ -151,11 +155,16 @@ async fn the_same_savepoint_request_id_takes_one_savepoint() {
     let (code, answer) = req(addr, "POST", "/v1/savepoints", TOKEN, Some("{}")).await;
     assert_eq!(code, 202);
     let generated = serde_json::from_str::<SavepointOutcome>(&answer).unwrap().request_id;
-    assert!(matches!(rx.try_recv(), Ok(ApiRequest::Savepoint { request_id }) if request_id == generated));
+    assert!(matches!(rx.try_recv(), Ok(ApiRequest::Savepoint { request_id, stop: false }) if request_id == generated));
     control.savepoint_book().fail(&generated, "declined by worker 1: boom");
     let (_, answer) = req(addr, "GET", &format!("/v1/savepoints/{generated}"), TOKEN, None).await;
     let o: SavepointOutcome = serde_json::from_str(&answer).unwrap();
     assert_eq!((o.state, o.error.as_deref()), (SavepointState::Failed, Some("declined by worker 1: boom")));
+
+    // A stopping savepoint is passed on as such.
+    let (code, _) = req(addr, "POST", "/v1/savepoints", TOKEN, Some(r#"{"request_id": "upgrade-1", "stop": true}"#)).await;
+    assert_eq!(code, 202);
+    assert!(matches!(rx.try_recv(), Ok(ApiRequest::Savepoint { request_id, stop: true }) if request_id == "upgrade-1"));
 
     let (code, answer) = req(addr, "POST", "/v1/savepoints", TOKEN, Some(r#"{"request_id": "a b/c"}"#)).await;
     assert_eq!(code, 400, "{answer}");

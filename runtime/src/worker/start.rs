@@ -20,8 +20,8 @@ pub enum Placement {
     /// `weir run`: the membership is given; worker 0 serves the endpoint at its `api`.
     Local(Cluster),
     /// A pod: serve the endpoint at `control_addr` at once, then wait (at most
-    /// `membership_timeout`) for `PUT /v1/membership`.
-    Pod { control_addr: SocketAddr, membership_timeout: Duration },
+    /// `membership_timeout`) for `PUT /v1/membership`; of run `run_id` only, if given.
+    Pod { control_addr: SocketAddr, membership_timeout: Duration, run_id: Option<String> },
 }
 
 /// Runs the worker: obtains its membership, then runs its part of the job
@@ -48,7 +48,10 @@ pub async fn run(cfg: WorkerConfig) -> Result<()> {
             }
             cluster.clone()
         }
-        Placement::Pod { control_addr, membership_timeout } => {
+        Placement::Pod { control_addr, membership_timeout, run_id } => {
+            if let Some(run_id) = run_id {
+                control.expect_run(run_id.clone());
+            }
             spawn_control(bind(*control_addr).await?, control.clone());
             tracing::info!(worker = cfg.index, addr = %control_addr, "control endpoint up; waiting for the membership (PUT /v1/membership)");
             let m = tokio::time::timeout(*membership_timeout, control.membership()).await.map_err(|_| {
