@@ -1,18 +1,21 @@
 //! The `weir` command: run pipelines locally, and the worker entry point
 //! that pods and the local supervisor start.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 use weir_runtime::checkpoint::CheckpointStorage;
-use weir_runtime::control::{self, CheckpointStatus, JobStatus};
+use weir_api::control::{SavepointOutcome, SavepointRequest, SavepointState, CONTROL_PORT};
+use weir_api::pipeline::HumanDuration;
+use weir_runtime::control::{self, JobStatus};
 use weir_runtime::local::{self, RestoreFrom, RunOptions};
-use weir_runtime::worker::{self, Cluster, WorkerConfig};
+use weir_runtime::worker::{self, Cluster, Placement, WorkerConfig};
 use weir_runtime::{plan, Error};
 
 #[derive(Parser)]
@@ -68,23 +71,36 @@ enum Command {
         command: CheckpointsCommand,
     },
     /// Run one worker process (started by `weir run` or by the operator).
-    #[command(hide = true)]
+    #[command(hide = true, long_about = WORKER_ABOUT)]
     Worker {
+        /// The pipeline file (YAML).
         #[arg(long)]
         pipeline: PathBuf,
+        /// This worker's index: it hosts subtask INDEX of every stage (and INDEX + workers, ...).
         #[arg(long)]
         index: u32,
-        /// The run's membership as JSON.
-        #[arg(long)]
-        cluster: String,
+        /// Local mode: the run's membership as JSON (what `weir run` passes). Without it the worker runs in pod mode.
+        #[arg(long, value_name = "JSON")]
+        cluster: Option<String>,
+        /// Pod mode: where to serve the control endpoint [default: 0.0.0.0:6120].
+        #[arg(long, value_name = "ADDR", conflicts_with = "cluster")]
+        control_addr: Option<SocketAddr>,
+        /// Pod mode: give up (exit 1) when no membership arrives within this time.
+        #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
+        membership_timeout: Duration,
+        /// Where checkpoints and savepoints are kept (a directory or a URL such as file:///state).
         #[arg(long)]
         state_dir: String,
+        /// Relative paths of sources and sinks are resolved against this directory [default: the current directory].
         #[arg(long)]
-        base_dir: PathBuf,
+        base_dir: Option<PathBuf>,
+        /// Run at this parallelism instead of the pipeline's.
         #[arg(long)]
         parallelism: Option<u32>,
-        #[arg(long)]
+        /// `latest` (the latest completed checkpoint in --state-dir, fresh if none) or a checkpoint or savepoint location.
+        #[arg(long, value_name = "latest|LOCATION")]
         restore: Option<String>,
+        /// Restore even if the checkpoint has state for steps the pipeline no longer has.
         #[arg(long)]
         allow_non_restored_state: bool,
     },
@@ -103,6 +119,29 @@ enum CheckpointsCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+const WORKER_ABOUT: &str = "Run one worker process of a job (started by `weir run` or by the operator).
+
+Local mode (--cluster JSON): the membership is given; worker 0 serves the job's
+control endpoint at the membership's `api` address.
+
+Pod mode (no --cluster): the worker serves its control endpoint at --control-addr
+at once and waits for `PUT /v1/membership` (the operator sends it once every
+worker pod has an IP). /healthz needs no token; every other route needs
+`Authorization: Bearer $WEIR_CONTROL_TOKEN`, and in pod mode the worker refuses
+to start without that variable. Worker 0 answers /v1/status and /v1/savepoints
+for the job; the other workers answer /v1/status for themselves.
+
+Environment: WEIR_CONTROL_TOKEN (the job's token), WEIR_RUN_ID (pod mode: accept
+only this run's membership), WEIR_LOG_JSON (JSON logs), RUST_LOG (log filter).
+
+Exit codes: 0 the job finished; 3 an error a restart cannot fix (bad pipeline,
+unusable checkpoint, missing token); 1 anything else (a lost peer, no membership
+in time): restore the job from the latest checkpoint.";
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    HumanDuration::parse(text).map(HumanDuration::get)
 }
 
 fn init_tracing(json: bool) {
@@ -128,14 +167,34 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Worker { pipeline, index, cluster, state_dir, base_dir, parallelism, restore, allow_non_restored_state } => {
+        Command::Worker { pipeline, index, cluster, control_addr, membership_timeout, state_dir, base_dir, parallelism, restore, allow_non_restored_state } => {
             init_tracing(std::env::var_os("WEIR_LOG_JSON").is_some());
+            let token = std::env::var("WEIR_CONTROL_TOKEN").unwrap_or_default();
+            if cluster.is_none() && token.is_empty() {
+                tracing::error!(
+                    worker = index,
+                    "WEIR_CONTROL_TOKEN is unset or empty: in pod mode the worker needs the job's control token, \
+                     or anyone who can reach its control endpoint could set its membership"
+                );
+                return ExitCode::from(local::EXIT_FATAL as u8);
+            }
             let result = runtime.block_on(async {
                 let (spec, src) = local::load_pipeline(&pipeline, parallelism)?;
                 let plan = plan::plan(&spec, &src)?;
-                let cluster: Cluster = serde_json::from_str(&cluster).map_err(|e| Error::Job(format!("--cluster: {e}")))?;
-                let token = std::env::var("WEIR_CONTROL_TOKEN").unwrap_or_default();
-                worker::run(WorkerConfig { plan: Arc::new(plan), index, cluster, state_dir, restore, allow_non_restored_state, base_dir, token }).await
+                let placement = match cluster {
+                    Some(json) => Placement::Local(serde_json::from_str::<Cluster>(&json).map_err(|e| Error::Job(format!("--cluster: {e}")))?),
+                    None => Placement::Pod {
+                        control_addr: control_addr.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], CONTROL_PORT))),
+                        membership_timeout,
+                        run_id: std::env::var("WEIR_RUN_ID").ok().filter(|r| !r.is_empty()),
+                    },
+                };
+                let base_dir = match base_dir {
+                    Some(d) => d,
+                    None => std::env::current_dir().map_err(Error::io("current directory"))?,
+                };
+                let restore = restore.as_deref().map(RestoreFrom::parse);
+                worker::run(WorkerConfig { plan: Arc::new(plan), index, placement, state_dir, restore, allow_non_restored_state, base_dir, token }).await
             });
             // Do not wait for blocked tasks (a peer that is gone) on the way out.
             runtime.shutdown_timeout(Duration::from_millis(100));
@@ -164,23 +223,37 @@ fn main() -> ExitCode {
     }
 }
 
-/// Calls a running local job's control API and decodes the answer.
-async fn ask_job<T: serde::de::DeserializeOwned>(
-    state_dir: &str,
-    job: Option<&str>,
-    method: &str,
-    path: &str,
-    timeout: Duration,
-) -> anyhow::Result<(local::RunInfo, T)> {
-    let run = local::find_run(state_dir, job).await?;
-    let (code, body) = control::call(run.api, method, path, &run.token, timeout)
+/// Calls a running local job's control endpoint and decodes a 2xx answer.
+async fn call_job<T: serde::de::DeserializeOwned>(run: &local::RunInfo, method: &str, path: &str, body: Option<&[u8]>, timeout: Duration) -> anyhow::Result<T> {
+    let (code, answer) = control::call(run.api, method, path, &run.token, body, timeout)
         .await
         .with_context(|| format!("job `{}` does not answer: is it still running?", run.job))?;
-    if code != 200 {
-        anyhow::bail!("{method} {path} of job `{}` failed: {}", run.job, body.trim());
+    if !(200..300).contains(&code) {
+        let reason = serde_json::from_str::<weir_api::control::ErrorBody>(&answer).map(|e| e.error).unwrap_or_else(|_| answer.trim().to_string());
+        anyhow::bail!("{method} {path} of job `{}` failed ({code}): {reason}", run.job);
     }
-    let answer = serde_json::from_str(&body).with_context(|| format!("unexpected answer from job `{}`", run.job))?;
-    Ok((run, answer))
+    serde_json::from_str(&answer).with_context(|| format!("unexpected answer from job `{}`", run.job))
+}
+
+/// Requests a savepoint and polls its outcome until it is decided.
+async fn take_savepoint(run: &local::RunInfo, within: Duration) -> anyhow::Result<weir_api::control::CheckpointStatus> {
+    let deadline = Instant::now() + within;
+    // The id makes asking again safe: a retry never takes a second savepoint.
+    let request_id = format!("cli-{:016x}", rand::random::<u64>());
+    let body = serde_json::to_vec(&SavepointRequest { request_id: Some(request_id.clone()), stop: false })?;
+    let mut outcome: SavepointOutcome = call_job(run, "POST", "/v1/savepoints", Some(&body), Duration::from_secs(10)).await?;
+    while outcome.state == SavepointState::Pending {
+        if Instant::now() >= deadline {
+            anyhow::bail!("savepoint {request_id} of `{}` is still pending after {}s", run.job, within.as_secs());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        outcome = call_job(run, "GET", &format!("/v1/savepoints/{request_id}"), None, Duration::from_secs(10)).await?;
+    }
+    match (outcome.state, outcome.savepoint) {
+        (SavepointState::Completed, Some(sp)) => Ok(sp),
+        (SavepointState::Completed, None) => anyhow::bail!("savepoint {request_id} of `{}` completed without a location", run.job),
+        _ => anyhow::bail!("savepoint of `{}` failed: {}", run.job, outcome.error.unwrap_or_else(|| "no reason given".into())),
+    }
 }
 
 /// Errors that a restart would meet again.
@@ -191,7 +264,7 @@ fn is_fatal(e: &Error) -> bool {
 async fn run_command(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Run { pipeline, state_dir, restore, parallelism, workers, allow_non_restored_state, max_restarts } => {
-            let restore = restore.map(|r| if r == "latest" { RestoreFrom::Latest } else { RestoreFrom::Path(r) });
+            let restore = restore.as_deref().map(RestoreFrom::parse);
             let summary = local::run(RunOptions { pipeline, state_dir, restore, parallelism, workers, allow_non_restored_state, max_restarts }).await?;
             let st = &summary.status;
             eprintln!(
@@ -214,17 +287,18 @@ async fn run_command(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Savepoint { state_dir, job } => {
-            let (run, sp): (_, CheckpointStatus) = ask_job(&state_dir, job.as_deref(), "POST", "/v1/savepoints", Duration::from_secs(600)).await?;
+            let run = local::find_run(&state_dir, job.as_deref()).await?;
+            let sp = take_savepoint(&run, Duration::from_secs(600)).await?;
             eprintln!("savepoint {} of `{}` complete in {} ms", sp.id, run.job, sp.duration_ms);
             println!("{}", sp.location);
             Ok(())
         }
         Command::Status { state_dir, job } => {
-            let st: JobStatus = match ask_job(&state_dir, job.as_deref(), "GET", "/v1/status", Duration::from_secs(5)).await {
-                Ok((_, st)) => st,
+            let run = local::find_run(&state_dir, job.as_deref()).await?;
+            let st: JobStatus = match call_job(&run, "GET", "/v1/status", None, Duration::from_secs(5)).await {
+                Ok(st) => st,
                 Err(e) => {
                     // A job that has finished no longer answers; its last status is kept.
-                    let run = local::find_run(&state_dir, job.as_deref()).await?;
                     let storage = CheckpointStorage::open(&state_dir, &run.job, false)?;
                     match storage.job_root.get(weir_runtime::checkpoint::coordinator::FINAL_STATUS).await? {
                         Some(b) => serde_json::from_slice(&b).context("reading the final status")?,

@@ -10,16 +10,23 @@
 //! every source has ended, a final checkpoint is taken; once it is committed
 //! the workers are told to shut down and the job has finished.
 //!
+//! Savepoints are requested through the control endpoint by request id; their
+//! outcomes are kept in the run's [`SavepointBook`], which callers poll. A
+//! savepoint that *stops* the job (before an upgrade, a suspension or a
+//! deletion, which restore from it or end with it) is the run's last
+//! snapshot: no checkpoint follows it, so no output is committed after it.
+//!
 //! The coordinator holds no job data: losing it fails the run, and the run is
 //! restored from the latest completed checkpoint like any other failure.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use super::metadata::{CheckpointMetadata, SnapshotKind, SubtaskAck};
+use super::savepoints::SavepointBook;
 use super::storage::CheckpointStorage;
 use crate::control::{ApiRequest, CheckpointStatus, SharedStatus};
 use crate::error::{Error, Result};
@@ -41,6 +48,17 @@ pub struct CoordinatorConfig {
     pub timeout: Duration,
     pub retain: usize,
     pub storage: CheckpointStorage,
+    /// Where savepoint outcomes are recorded for the control endpoint.
+    pub savepoints: SavepointBook,
+    /// The checkpoint this run restores (worker 0's view); every worker must
+    /// restore the same one, or the run would mix states of different moments.
+    pub restored_from: Option<String>,
+}
+
+/// A savepoint request admitted by the control endpoint.
+struct Ask {
+    request_id: String,
+    stop: bool,
 }
 
 enum Event {
@@ -56,7 +74,8 @@ struct Pending {
     dir: String,
     started: Instant,
     acks: HashMap<(usize, u32), SubtaskAck>,
-    waiter: Option<oneshot::Sender<Result<CheckpointStatus, String>>>,
+    /// The savepoint request this snapshot answers.
+    request: Option<Ask>,
 }
 
 struct Coordinator {
@@ -72,7 +91,10 @@ struct Coordinator {
     sources_finished: BTreeSet<u32>,
     final_completed: bool,
     final_failed: bool,
-    savepoint_queue: Vec<oneshot::Sender<Result<CheckpointStatus, String>>>,
+    /// Savepoints asked for and not yet triggered, oldest first.
+    savepoint_queue: VecDeque<Ask>,
+    /// Set once a stopping savepoint completed: no snapshot follows.
+    stopped_by: Option<u64>,
     metrics: HashMap<u32, (u64, u64)>,
 }
 
@@ -81,7 +103,7 @@ pub async fn run(cfg: CoordinatorConfig, listener: TcpListener, mut api: mpsc::R
     let next_id = cfg.storage.next_id().await?;
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let run_id = cfg.run_id.clone();
-    tokio::spawn(accept_workers(listener, run_id, events_tx));
+    tokio::spawn(accept_workers(listener, run_id, cfg.restored_from.clone(), events_tx));
     let mut c = Coordinator {
         cfg,
         status,
@@ -95,7 +117,8 @@ pub async fn run(cfg: CoordinatorConfig, listener: TcpListener, mut api: mpsc::R
         sources_finished: BTreeSet::new(),
         final_completed: false,
         final_failed: false,
-        savepoint_queue: Vec::new(),
+        savepoint_queue: VecDeque::new(),
+        stopped_by: None,
         metrics: HashMap::new(),
     };
     c.set_phase("starting");
@@ -110,11 +133,13 @@ pub async fn run(cfg: CoordinatorConfig, listener: TcpListener, mut api: mpsc::R
                 }
             }
             req = api.recv() => {
-                if let Some(ApiRequest::Savepoint(tx)) = req {
+                if let Some(ApiRequest::Savepoint { request_id, stop }) = req {
                     if c.final_completed {
-                        let _ = tx.send(Err("the job has finished; no savepoint can be taken".into()));
+                        c.cfg.savepoints.fail(&request_id, "the job has finished; no savepoint can be taken");
+                    } else if let Some(id) = c.stopped_by {
+                        c.cfg.savepoints.fail(&request_id, format!("the job was stopped with savepoint {id}; it takes no further snapshot"));
                     } else {
-                        c.savepoint_queue.push(tx);
+                        c.savepoint_queue.push_back(Ask { request_id, stop });
                     }
                 }
             }
@@ -126,16 +151,30 @@ pub async fn run(cfg: CoordinatorConfig, listener: TcpListener, mut api: mpsc::R
     }
 }
 
-async fn accept_workers(listener: TcpListener, run_id: String, events: mpsc::UnboundedSender<Event>) {
+async fn accept_workers(listener: TcpListener, run_id: String, restored_from: Option<String>, events: mpsc::UnboundedSender<Event>) {
     loop {
         let Ok((stream, peer)) = listener.accept().await else { continue };
         let events = events.clone();
         let run_id = run_id.clone();
+        let restored_from = restored_from.clone();
         tokio::spawn(async move {
             let peer = peer.to_string();
             let mut conn = framed(stream);
             let worker = match recv::<ToCoordinator>(&mut conn, &peer).await {
-                Ok(Some(ToCoordinator::Hello { worker, run_id: r })) if r == run_id => worker,
+                Ok(Some(ToCoordinator::Hello { worker, run_id: r, restored_from: theirs })) if r == run_id => {
+                    // Workers resolve `--restore latest` each on their own; if the
+                    // latest pointer moved in between, they would disagree.
+                    if theirs != restored_from {
+                        let reason = format!(
+                            "it restores from {} but worker 0 from {}; every worker of a run must restore the same checkpoint",
+                            theirs.as_deref().unwrap_or("nothing"),
+                            restored_from.as_deref().unwrap_or("nothing")
+                        );
+                        let _ = events.send(Event::Lost { worker, reason });
+                        return;
+                    }
+                    worker
+                }
                 Ok(Some(ToCoordinator::Hello { .. })) => {
                     tracing::warn!(%peer, "ignoring a worker of another run of this job");
                     return;
@@ -274,7 +313,7 @@ impl Coordinator {
     }
 
     async fn on_tick(&mut self) {
-        if !self.started || self.final_completed {
+        if !self.started || self.final_completed || self.stopped_by.is_some() {
             return;
         }
         if let Some(p) = &self.pending {
@@ -284,9 +323,8 @@ impl Coordinator {
             }
             return;
         }
-        if !self.savepoint_queue.is_empty() {
-            let waiter = self.savepoint_queue.remove(0);
-            self.trigger(SnapshotKind::Savepoint, false, Some(waiter));
+        if let Some(request) = self.savepoint_queue.pop_front() {
+            self.trigger(SnapshotKind::Savepoint, false, Some(request));
         } else if self.sources_finished.len() == self.cfg.parallelism as usize {
             self.trigger(SnapshotKind::Checkpoint, true, None);
         } else if !self.cfg.interval.is_zero() && self.last_trigger.elapsed() >= self.cfg.interval {
@@ -294,7 +332,7 @@ impl Coordinator {
         }
     }
 
-    fn trigger(&mut self, kind: SnapshotKind, is_final: bool, waiter: Option<oneshot::Sender<Result<CheckpointStatus, String>>>) {
+    fn trigger(&mut self, kind: SnapshotKind, is_final: bool, request: Option<Ask>) {
         let id = self.next_id;
         self.next_id += 1;
         let dir = match kind {
@@ -310,7 +348,7 @@ impl Coordinator {
         if is_final {
             self.set_phase("finishing");
         }
-        self.pending = Some(Pending { id, kind, is_final, dir, started: Instant::now(), acks: HashMap::new(), waiter });
+        self.pending = Some(Pending { id, kind, is_final, dir, started: Instant::now(), acks: HashMap::new(), request });
     }
 
     async fn complete_pending(&mut self) {
@@ -351,12 +389,20 @@ impl Coordinator {
                 }
                 if p.is_final {
                     self.final_completed = true;
-                    for w in self.savepoint_queue.drain(..) {
-                        let _ = w.send(Err("the job finished before the savepoint could be taken".into()));
+                    for ask in self.savepoint_queue.drain(..) {
+                        self.cfg.savepoints.fail(&ask.request_id, "the job finished before the savepoint could be taken");
                     }
                 }
-                if let Some(w) = p.waiter.take() {
-                    let _ = w.send(Ok(st));
+                if let Some(ask) = p.request.take() {
+                    if ask.stop {
+                        tracing::info!(id = p.id, "stopped with a savepoint: no further checkpoint is taken");
+                        self.stopped_by = Some(p.id);
+                        for other in self.savepoint_queue.drain(..) {
+                            let reason = format!("the job was stopped with savepoint {} before this one could be taken", p.id);
+                            self.cfg.savepoints.fail(&other.request_id, reason);
+                        }
+                    }
+                    self.cfg.savepoints.complete(&ask.request_id, st);
                 }
             }
             Err(e) => {
@@ -375,8 +421,8 @@ impl Coordinator {
             s.checkpoints_failed += 1;
             s.last_checkpoint_failure = Some(format!("checkpoint {}: {reason}", p.id));
         }
-        if let Some(w) = p.waiter.take() {
-            let _ = w.send(Err(format!("savepoint {} failed: {reason}", p.id)));
+        if let Some(ask) = p.request.take() {
+            self.cfg.savepoints.fail(&ask.request_id, format!("savepoint {} failed: {reason}", p.id));
         }
         let dir = self.cfg.storage.dir(&p.dir);
         tokio::spawn(async move {
@@ -416,13 +462,15 @@ mod tests {
             timeout: Duration::from_millis(200),
             retain: 3,
             storage: storage.clone(),
+            savepoints: SavepointBook::default(),
+            restored_from: None,
         };
         let status = Arc::new(Mutex::new(JobStatus::default()));
         let (_api_tx, api_rx) = mpsc::channel(1);
         let coordinator = tokio::spawn(run(cfg, listener, api_rx, status.clone()));
 
         let mut conn = framed(connect(addr, Duration::from_secs(5)).await.unwrap());
-        send(&mut conn, &ToCoordinator::Hello { worker: 0, run_id: "r".into() }, "c").await.unwrap();
+        send(&mut conn, &ToCoordinator::Hello { worker: 0, run_id: "r".into(), restored_from: None }, "c").await.unwrap();
         send(&mut conn, &ToCoordinator::Ready, "c").await.unwrap();
         assert!(matches!(recv::<ToWorker>(&mut conn, "c").await.unwrap(), Some(ToWorker::Start)));
         let Some(ToWorker::Trigger(first)) = recv::<ToWorker>(&mut conn, "c").await.unwrap() else { panic!("no trigger") };
@@ -447,5 +495,98 @@ mod tests {
         drop(conn);
         let result = tokio::time::timeout(Duration::from_secs(5), coordinator).await.unwrap().unwrap();
         assert!(result.unwrap_err().to_string().contains("worker 0 was lost"));
+    }
+
+    #[tokio::test]
+    async fn a_worker_restoring_another_checkpoint_than_worker_0_fails_the_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = CheckpointStorage::open(dir.path().to_str().unwrap(), "job", true).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cfg = CoordinatorConfig {
+            job: "job".into(),
+            run_id: "r".into(),
+            parallelism: 2,
+            max_parallelism: 8,
+            stages: 1,
+            workers: 2,
+            interval: Duration::ZERO,
+            timeout: Duration::from_secs(5),
+            retain: 3,
+            storage,
+            savepoints: SavepointBook::default(),
+            restored_from: Some("/s/job/checkpoints/chk-4".into()),
+        };
+        let (_api_tx, api_rx) = mpsc::channel(1);
+        let coordinator = tokio::spawn(run(cfg, listener, api_rx, Arc::new(Mutex::new(JobStatus::default()))));
+        let mut conn = framed(connect(addr, Duration::from_secs(5)).await.unwrap());
+        let hello = ToCoordinator::Hello { worker: 1, run_id: "r".into(), restored_from: Some("/s/job/checkpoints/chk-5".into()) };
+        send(&mut conn, &hello, "c").await.unwrap();
+        let result = tokio::time::timeout(Duration::from_secs(5), coordinator).await.unwrap().unwrap();
+        let e = result.unwrap_err().to_string();
+        assert!(e.contains("chk-5") && e.contains("chk-4") && e.contains("must restore the same checkpoint"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn after_a_stopping_savepoint_no_checkpoint_is_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = CheckpointStorage::open(dir.path().to_str().unwrap(), "job", true).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let book = SavepointBook::default();
+        let cfg = CoordinatorConfig {
+            job: "job".into(),
+            run_id: "r".into(),
+            parallelism: 1,
+            max_parallelism: 8,
+            stages: 1,
+            workers: 1,
+            interval: Duration::from_millis(30),
+            timeout: Duration::from_secs(5),
+            retain: 3,
+            storage,
+            savepoints: book.clone(),
+            restored_from: None,
+        };
+        let (api_tx, api_rx) = mpsc::channel(4);
+        let _coordinator = tokio::spawn(run(cfg, listener, api_rx, Arc::new(Mutex::new(JobStatus::default()))));
+        let mut conn = framed(connect(addr, Duration::from_secs(5)).await.unwrap());
+        send(&mut conn, &ToCoordinator::Hello { worker: 0, run_id: "r".into(), restored_from: None }, "c").await.unwrap();
+        send(&mut conn, &ToCoordinator::Ready, "c").await.unwrap();
+        assert!(matches!(recv::<ToWorker>(&mut conn, "c").await.unwrap(), Some(ToWorker::Start)));
+        assert!(matches!(book.admit("stop-1"), crate::checkpoint::savepoints::Admission::New(_)));
+        api_tx.send(ApiRequest::Savepoint { request_id: "stop-1".into(), stop: true }).await.unwrap();
+        // Acknowledge every snapshot (periodic checkpoints may come first) until the savepoint.
+        loop {
+            match recv::<ToWorker>(&mut conn, "c").await.unwrap() {
+                Some(ToWorker::Trigger(b)) => {
+                    let ack = SubtaskAck { stage: 0, subtask: 0, operators: vec![] };
+                    send(&mut conn, &ToCoordinator::Ack { checkpoint_id: b.checkpoint_id, ack }, "c").await.unwrap();
+                    if b.savepoint {
+                        break;
+                    }
+                }
+                Some(ToWorker::Complete { .. }) => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        // Many intervals pass without another trigger.
+        let quiet = tokio::time::timeout(Duration::from_millis(300), async {
+            loop {
+                match recv::<ToWorker>(&mut conn, "c").await.unwrap() {
+                    Some(ToWorker::Complete { .. }) => {}
+                    other => return other,
+                }
+            }
+        })
+        .await;
+        assert!(quiet.is_err(), "a snapshot after the stopping savepoint: {quiet:?}");
+        assert_eq!(book.get("stop-1").map(|o| o.state), Some(weir_api::control::SavepointState::Completed));
+        assert!(matches!(book.admit("later"), crate::checkpoint::savepoints::Admission::New(_)));
+        api_tx.send(ApiRequest::Savepoint { request_id: "later".into(), stop: false }).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let later = book.get("later").unwrap();
+        assert_eq!(later.state, weir_api::control::SavepointState::Failed);
+        assert!(later.error.unwrap().contains("stopped with savepoint"));
     }
 }

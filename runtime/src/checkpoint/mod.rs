@@ -3,7 +3,9 @@
 
 pub mod coordinator;
 pub mod metadata;
+pub mod savepoints;
 pub mod storage;
 
 pub use metadata::{CheckpointMetadata, OperatorSubtaskState, SnapshotKind, StateFile, SubtaskAck};
+pub use savepoints::SavepointBook;
 pub use storage::{CheckpointStorage, Location};

@@ -14,6 +14,7 @@ use crate::checkpoint::{CheckpointStorage, Location};
 use crate::control::{self, JobStatus};
 use crate::error::{Error, Result};
 use crate::plan;
+pub use crate::worker::restore::RestoreFrom;
 use crate::worker::restore::RestoredState;
 use crate::worker::Cluster;
 use weir_api::PipelineSpec;
@@ -21,12 +22,6 @@ use weir_api::PipelineSpec;
 /// Exit code of a worker that met an error a restart cannot fix (bad input,
 /// an unusable checkpoint): the supervisor stops instead of restarting.
 pub const EXIT_FATAL: i32 = 3;
-
-#[derive(Debug, Clone)]
-pub enum RestoreFrom {
-    Latest,
-    Path(String),
-}
 
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -78,14 +73,13 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
 
     let mut restore: Option<Location> = match &opts.restore {
         None => None,
-        Some(RestoreFrom::Latest) => match storage.latest().await? {
-            Some(loc) => Some(loc),
-            None => {
+        Some(from) => {
+            let loc = from.resolve(&storage).await?;
+            if loc.is_none() {
                 eprintln!("no completed checkpoint of `{}` in {}: starting fresh", spec.name, storage.job_root.display);
-                None
             }
-        },
-        Some(RestoreFrom::Path(p)) => Some(Location::parse(p, false)?),
+            loc
+        }
     };
     if let Some(loc) = &restore {
         let r = RestoredState::load(loc.clone()).await?;
@@ -297,7 +291,7 @@ async fn supervise(children: &mut Vec<Child>, api: SocketAddr, token: &str, prog
                 return Outcome::Failed(how);
             }
             _ = tick.tick() => {
-                if let Ok((200, body)) = control::call(api, "GET", "/v1/status", token, Duration::from_millis(500)).await {
+                if let Ok((200, body)) = control::call(api, "GET", "/v1/status", token, None, Duration::from_millis(500)).await {
                     if let Ok(st) = serde_json::from_str::<JobStatus>(&body) {
                         progress.update(&st, restarts);
                         last_status = st;

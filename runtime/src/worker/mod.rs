@@ -1,17 +1,22 @@
 //! A worker process: hosts slot `index` (subtask `index` of every stage, and
 //! more when there are fewer workers than subtasks), wires its channels to
 //! the other workers, and runs its subtasks until the job finishes or fails.
-//! Worker 0 also hosts the coordinator and the control API.
+//! Worker 0 also hosts the coordinator and answers for the job on the
+//! control endpoint.
 //!
-//! The same code runs under `weir run` (local processes) and in pods: a
-//! worker learns its peers' addresses from its [`Cluster`] argument, never
-//! from DNS, and treats the loss of any peer as the end of the run; whoever
-//! started it (the local supervisor or the operator) restores the job from
-//! the latest completed checkpoint.
+//! The same code runs under `weir run` (local processes) and in pods. A
+//! worker learns its peers' addresses from its membership, never from DNS:
+//! `weir run` passes it on the command line ([`Placement::Local`]); in a pod
+//! ([`Placement::Pod`]) the worker serves its control endpoint first and waits
+//! for the operator to `PUT /v1/membership`, since pod IPs are only known once
+//! every pod exists. It treats the loss of any peer as the end of the run;
+//! whoever started it (the local supervisor or the operator) restores the job
+//! from the latest completed checkpoint.
 
 pub mod gate;
 pub mod protocol;
 pub mod restore;
+mod start;
 pub mod subtask;
 
 use std::collections::HashMap;
@@ -26,8 +31,8 @@ use tokio::task::JoinSet;
 use tokio_util::codec::{FramedRead, FramedWrite};
 
 use crate::checkpoint::coordinator::{self, CoordinatorConfig};
-use crate::checkpoint::{CheckpointStorage, Location};
-use crate::control::{self, JobStatus};
+use crate::checkpoint::CheckpointStorage;
+use crate::control::Control;
 use crate::error::{Error, Result};
 use crate::exchange::frame::{codec, decode_hello, encode_hello, FrameDecoder, FrameEncoder, Hello};
 use crate::exchange::partition::Partitioner;
@@ -38,17 +43,19 @@ use crate::sink::{SinkRestore, SinkWriter};
 use crate::source::SourceReader;
 
 pub use protocol::Cluster;
+pub use start::{run, Placement};
 use protocol::{framed, send, ToCoordinator, ToWorker};
-use restore::RestoredState;
+use restore::RestoreFrom;
+use start::restore_state;
 use gate::InputGate;
 use subtask::{Counters, Input, Notification, Output, Subtask};
 
 pub struct WorkerConfig {
     pub plan: Arc<JobPlan>,
     pub index: u32,
-    pub cluster: Cluster,
+    pub placement: Placement,
     pub state_dir: String,
-    pub restore: Option<String>,
+    pub restore: Option<RestoreFrom>,
     pub allow_non_restored_state: bool,
     /// Relative paths of sources and sinks are resolved against this directory.
     pub base_dir: PathBuf,
@@ -59,37 +66,35 @@ const CONNECT_WITHIN: Duration = Duration::from_secs(30);
 
 type Routes = HashMap<(usize, u32, u32), mpsc::Sender<Message>>;
 
-pub async fn run(cfg: WorkerConfig) -> Result<()> {
+/// Runs this worker's part of run `cluster` until the job finishes or the run fails.
+async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Result<()> {
     let plan = cfg.plan.clone();
     let spec = &plan.spec;
     let (p, max_p) = (spec.parallelism, spec.max_parallelism);
     let index = cfg.index;
-    let cluster = &cfg.cluster;
     let storage = CheckpointStorage::open(&cfg.state_dir, &spec.name, true)?;
-    let restored = match &cfg.restore {
-        Some(loc) => {
-            let r = RestoredState::load(Location::parse(loc, false)?).await?;
-            r.check_compatible(&plan, cfg.allow_non_restored_state)?;
-            Some(r)
+    let restored = restore_state(cfg, &storage).await?;
+    let restored_from = restored.as_ref().map(|r| r.location.display.clone());
+    {
+        let status = control.status();
+        let mut st = status.lock().unwrap_or_else(|e| e.into_inner());
+        st.run_id = cluster.run_id.clone();
+        st.phase = "starting".into();
+        st.restored_from = restored_from.clone();
+    }
+    // Worker 0's phase is the coordinator's; the others report their own.
+    let set_phase = |phase: &str| {
+        if index != 0 {
+            control.set_phase(phase);
         }
-        None => None,
     };
 
     let mut coordinator_task = None;
     if index == 0 {
         let control_listener = bind(cluster.coordinator).await?;
-        let api_listener = bind(cluster.api).await?;
-        let status = Arc::new(Mutex::new(JobStatus {
-            job: spec.name.clone(),
-            run_id: cluster.run_id.clone(),
-            phase: "starting".into(),
-            guarantee: spec.guarantee().to_string(),
-            parallelism: p,
-            restored_from: restored.as_ref().map(|r| r.location.display.clone()),
-            ..Default::default()
-        }));
         let (api_tx, api_rx) = mpsc::channel(16);
-        tokio::spawn(control::serve(api_listener, cfg.token.clone(), status.clone(), api_tx));
+        control.serve_savepoints(api_tx);
+        let status = control.status();
         let ccfg = CoordinatorConfig {
             job: spec.name.clone(),
             run_id: cluster.run_id.clone(),
@@ -101,8 +106,12 @@ pub async fn run(cfg: WorkerConfig) -> Result<()> {
             timeout: spec.checkpoint.timeout.get(),
             retain: spec.checkpoint.retain as usize,
             storage: storage.clone(),
+            savepoints: control.savepoint_book(),
+            restored_from: restored_from.clone(),
         };
         coordinator_task = Some(tokio::spawn(coordinator::run(ccfg, control_listener, api_rx, status)));
+    } else {
+        control.savepoints_elsewhere(cluster.api);
     }
     let data_listener = bind(cluster.workers[index as usize]).await?;
 
@@ -111,7 +120,7 @@ pub async fn run(cfg: WorkerConfig) -> Result<()> {
     let coordinator_peer = cluster.coordinator.to_string();
     let conn = protocol::connect(cluster.coordinator, CONNECT_WITHIN).await?;
     let mut conn = framed(conn);
-    send(&mut conn, &ToCoordinator::Hello { worker: index, run_id: cluster.run_id.clone() }, &coordinator_peer).await?;
+    send(&mut conn, &ToCoordinator::Hello { worker: index, run_id: cluster.run_id.clone(), restored_from }, &coordinator_peer).await?;
     let (mut conn_tx, mut conn_rx) = conn.split::<bytes::Bytes>();
     let (to_coord, mut to_coord_rx) = mpsc::unbounded_channel::<ToCoordinator>();
     tokio::spawn(async move {
@@ -259,6 +268,7 @@ pub async fn run(cfg: WorkerConfig) -> Result<()> {
         r = start_rx => r.map_err(|_| Error::Job("the coordinator went away before the start".into()))?,
         reason = lost(&mut lost_rx) => return Err(Error::Job(reason)),
     }
+    set_phase("running");
 
     // Build and start the subtasks.
     let counters = Arc::new(Counters::default());
@@ -369,6 +379,7 @@ pub async fn run(cfg: WorkerConfig) -> Result<()> {
         records_out: counters.records_out.load(std::sync::atomic::Ordering::Relaxed),
     };
     metrics.abort();
+    set_phase("finishing");
     let _ = to_coord.send(msg);
     let _ = to_coord.send(ToCoordinator::Finished);
     tokio::select! {
@@ -378,6 +389,7 @@ pub async fn run(cfg: WorkerConfig) -> Result<()> {
         e = &mut coordinator_failed => return Err(e),
         _ = tokio::time::sleep(Duration::from_secs(30)) => return Err(Error::Job("no shutdown from the coordinator after the job finished".into())),
     }
+    set_phase("finished");
     // Let the coordinator answer the last status requests of the supervisor.
     tokio::time::sleep(Duration::from_millis(100)).await;
     Ok(())

@@ -13,31 +13,20 @@ use crate::error::{Error, Result};
 use crate::exchange::frame::codec;
 use crate::exchange::Barrier;
 
-/// Where every process of one run of a job listens. Workers learn it from
-/// whoever starts them (the local supervisor, or the operator), never from DNS.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Cluster {
-    /// Unique per run (attempt) of the job; names its output files and
-    /// keeps connections of an earlier attempt out.
-    pub run_id: String,
-    /// The data address of each worker, by index.
-    pub workers: Vec<SocketAddr>,
-    /// The coordinator's control address (hosted by worker 0).
-    pub coordinator: SocketAddr,
-    /// The HTTP control API (hosted by worker 0).
-    pub api: SocketAddr,
-}
-
-impl Cluster {
-    /// Subtask `subtask` of every stage runs in worker `subtask % workers` (slot sharing).
-    pub fn worker_of(&self, subtask: u32) -> u32 {
-        subtask % self.workers.len() as u32
-    }
-}
+/// Where every process of one run listens: the wire type the operator sends
+/// (`PUT /v1/membership`) and the local supervisor passes as `--cluster`.
+pub use weir_api::control::Membership as Cluster;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum ToCoordinator {
-    Hello { worker: u32, run_id: String },
+    /// `restored_from`: the checkpoint this worker restores, checked by the
+    /// coordinator against its own.
+    Hello {
+        worker: u32,
+        run_id: String,
+        #[serde(default)]
+        restored_from: Option<String>,
+    },
     Ready,
     Ack { checkpoint_id: u64, ack: SubtaskAck },
     Decline { checkpoint_id: u64, reason: String },

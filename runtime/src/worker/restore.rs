@@ -9,12 +9,39 @@ use arrow::array::RecordBatch;
 use arrow::ipc::reader::FileReader;
 use arrow::ipc::writer::FileWriter;
 
-use crate::checkpoint::{CheckpointMetadata, Location};
+use crate::checkpoint::{CheckpointMetadata, CheckpointStorage, Location};
 use crate::error::{Error, Result};
 use crate::key_group::groups_of_subtask;
 use crate::plan::{JobPlan, SINK_ID, SOURCE_ID};
 use crate::sink::FileSinkState;
 use crate::source::SourcePositions;
+
+/// What `--restore` names: `latest`, or a checkpoint or savepoint directory
+/// (a path or URL, e.g. a savepoint's `location` as the API reports it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RestoreFrom {
+    Latest,
+    Path(String),
+}
+
+impl RestoreFrom {
+    pub fn parse(text: &str) -> RestoreFrom {
+        if text == "latest" {
+            RestoreFrom::Latest
+        } else {
+            RestoreFrom::Path(text.to_string())
+        }
+    }
+
+    /// The directory to restore; `None` for `latest` when `storage` has no
+    /// completed checkpoint yet (the caller starts fresh and says so).
+    pub async fn resolve(&self, storage: &CheckpointStorage) -> Result<Option<Location>> {
+        match self {
+            RestoreFrom::Latest => storage.latest().await,
+            RestoreFrom::Path(p) => Location::parse(p, false).map(Some),
+        }
+    }
+}
 
 pub struct RestoredState {
     pub meta: CheckpointMetadata,

@@ -1,0 +1,97 @@
+//! How a worker comes to know its run: given on the command line (`weir
+//! run`), or sent by the operator to the control endpoint the worker serves
+//! from the start (a pod, whose peers' IPs exist only once every pod does).
+//! Also resolves `--restore` once the run is known.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+
+use super::restore::RestoredState;
+use super::{bind, run_job, Cluster, WorkerConfig};
+use crate::checkpoint::CheckpointStorage;
+use crate::control::{self, Control, JobStatus};
+use crate::error::{Error, Result};
+
+/// How a worker learns its membership and where it serves its control endpoint.
+#[derive(Debug, Clone)]
+pub enum Placement {
+    /// `weir run`: the membership is given; worker 0 serves the endpoint at its `api`.
+    Local(Cluster),
+    /// A pod: serve the endpoint at `control_addr` at once, then wait (at most
+    /// `membership_timeout`) for `PUT /v1/membership`; of run `run_id` only, if given.
+    Pod { control_addr: SocketAddr, membership_timeout: Duration, run_id: Option<String> },
+}
+
+/// Runs the worker: obtains its membership, then runs its part of the job
+/// until the job finishes (Ok) or the run fails.
+pub async fn run(cfg: WorkerConfig) -> Result<()> {
+    let spec = &cfg.plan.spec;
+    let control = Control::new(
+        cfg.token.clone(),
+        cfg.index,
+        spec.parallelism,
+        JobStatus {
+            job: spec.name.clone(),
+            phase: "awaiting-membership".into(),
+            guarantee: spec.guarantee().to_string(),
+            parallelism: spec.parallelism,
+            ..Default::default()
+        },
+    );
+    let cluster = match &cfg.placement {
+        Placement::Local(cluster) => {
+            control.offer_membership(cluster.clone()).map_err(|r| Error::Job(format!("--cluster: {}", r.message)))?;
+            if cfg.index == 0 {
+                spawn_control(bind(cluster.api).await?, control.clone());
+            }
+            cluster.clone()
+        }
+        Placement::Pod { control_addr, membership_timeout, run_id } => {
+            if let Some(run_id) = run_id {
+                control.expect_run(run_id.clone());
+            }
+            spawn_control(bind(*control_addr).await?, control.clone());
+            tracing::info!(worker = cfg.index, addr = %control_addr, "control endpoint up; waiting for the membership (PUT /v1/membership)");
+            let m = tokio::time::timeout(*membership_timeout, control.membership()).await.map_err(|_| {
+                Error::Job(format!(
+                    "no membership arrived within {}: the operator sends it with PUT /v1/membership to {control_addr} once every worker pod has an IP",
+                    humane(*membership_timeout)
+                ))
+            })?;
+            if cfg.index == 0 && m.api.port() != control_addr.port() {
+                tracing::warn!(api = %m.api, control = %control_addr, "the membership's api is not this control endpoint; savepoints and status are served here only");
+            }
+            m
+        }
+    };
+    run_job(&cfg, &cluster, control).await
+}
+
+fn spawn_control(listener: TcpListener, control: Control) {
+    tokio::spawn(async move {
+        if let Err(e) = control::serve(listener, control).await {
+            tracing::error!(error = %e, "the control endpoint stopped");
+        }
+    });
+}
+
+fn humane(d: Duration) -> String {
+    weir_api::pipeline::HumanDuration::from_millis(d.as_millis() as u64).to_string()
+}
+
+/// Resolves `--restore` now that the run is known: `latest` means the latest
+/// completed checkpoint at this moment, fresh when there is none.
+pub(super) async fn restore_state(cfg: &WorkerConfig, storage: &CheckpointStorage) -> Result<Option<RestoredState>> {
+    let Some(from) = &cfg.restore else { return Ok(None) };
+    let Some(location) = from.resolve(storage).await? else {
+        tracing::info!(worker = cfg.index, "no completed checkpoint in {}; starting fresh", storage.job_root.display);
+        return Ok(None);
+    };
+    let r = RestoredState::load(location).await?;
+    r.check_compatible(&cfg.plan, cfg.allow_non_restored_state)?;
+    tracing::info!(worker = cfg.index, checkpoint = r.meta.checkpoint_id, location = %r.location.display, "restoring");
+    Ok(Some(r))
+}
+

@@ -1,0 +1,315 @@
+//! `weir worker` in pod mode, as the operator drives it: the workers start
+//! without peers, serve their control endpoints on their own (loopback) IPs
+//! and standard ports, get their membership by HTTP, and are restored by
+//! starting a new set with `--restore`. Each test uses its own 127.42.x.0/24
+//! addresses so that tests can run in parallel.
+
+mod common;
+
+use std::net::{IpAddr, SocketAddr};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use weir_api::control::{JobStatus, Membership, SavepointOutcome, SavepointState, CONTROL_PORT};
+
+const TOKEN: &str = "pod-mode-test-token";
+
+/// One set of worker processes ("pods") of one run; killed when dropped.
+struct Pods {
+    ips: Vec<IpAddr>,
+    children: Vec<Option<Child>>,
+    logs: Vec<std::path::PathBuf>,
+}
+
+impl Pods {
+    /// Starts one worker per IP (`127.42.<net>.<index + 1>`) in pod mode, for
+    /// run `run_id` (passed as the operator does, in `WEIR_RUN_ID`).
+    fn start(job: &Job, net: u8, run_id: &str, extra: &[&str]) -> Pods {
+        let ips: Vec<IpAddr> = (0..2u8).map(|i| IpAddr::from([127, 42, net, i + 1])).collect();
+        let mut children = Vec::new();
+        let mut logs = Vec::new();
+        for (i, ip) in ips.iter().enumerate() {
+            let log = job.path(&format!("worker-{net}-{i}.log"));
+            let file = std::fs::File::create(&log).unwrap();
+            let child = Command::new(WEIR)
+                .current_dir(job.dir.path())
+                .args(["worker", "--pipeline", "pipeline.yaml", "--index", &i.to_string()])
+                .args(["--control-addr", &SocketAddr::new(*ip, CONTROL_PORT).to_string()])
+                .args(if extra.contains(&"--state-dir") { &[][..] } else { &["--state-dir", "state"][..] })
+                .args(["--membership-timeout", "60s"])
+                .args(extra)
+                .env("WEIR_CONTROL_TOKEN", TOKEN)
+                .env("WEIR_RUN_ID", run_id)
+                .env("RUST_LOG", "info")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(file)
+                .spawn()
+                .unwrap();
+            children.push(Some(child));
+            logs.push(log);
+        }
+        let pods = Pods { ips, children, logs };
+        for i in 0..2 {
+            pods.wait_healthy(i);
+        }
+        pods
+    }
+
+    fn control(&self, i: usize) -> SocketAddr {
+        SocketAddr::new(self.ips[i], CONTROL_PORT)
+    }
+
+    fn logs(&self) -> String {
+        self.logs.iter().map(|l| format!("--- {}\n{}", l.display(), std::fs::read_to_string(l).unwrap_or_default())).collect()
+    }
+
+    fn wait_healthy(&self, i: usize) {
+        let start = Instant::now();
+        while http(self.control(i), "GET", "/healthz", None).map(|(c, _)| c) != Some(200) {
+            assert!(start.elapsed() < Duration::from_secs(15), "worker {i} never became healthy:\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn membership(&self, run_id: &str) -> Membership {
+        Membership::of_pods(run_id, &self.ips).unwrap()
+    }
+
+    /// What the operator does once every pod has an IP.
+    fn put_membership(&self, run_id: &str) {
+        let body = serde_json::to_string(&self.membership(run_id)).unwrap();
+        for i in 0..self.ips.len() {
+            let (code, answer) = http(self.control(i), "PUT", "/v1/membership", Some(&body)).unwrap();
+            assert_eq!(code, 200, "membership of worker {i}: {answer}");
+        }
+    }
+
+    fn status(&self, i: usize) -> JobStatus {
+        let (code, body) = http(self.control(i), "GET", "/v1/status", None).expect("status");
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).unwrap()
+    }
+
+    /// The status of worker `i` once it has started its part of run `run_id`
+    /// (it resolves `--restore` first).
+    fn status_of_run(&self, i: usize, run_id: &str) -> JobStatus {
+        let start = Instant::now();
+        loop {
+            let st = self.status(i);
+            if st.run_id == run_id {
+                return st;
+            }
+            assert!(start.elapsed() < Duration::from_secs(15), "worker {i} never started run {run_id}: {st:?}\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until worker 0 reports the job running with some records through.
+    fn wait_running(&self, min_records: u64) {
+        let start = Instant::now();
+        loop {
+            let st = self.status(0);
+            if st.phase == "running" && st.records_in >= min_records {
+                return;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "the job did not get going: {st:?}\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Takes a savepoint through the asynchronous API and returns its location.
+    fn savepoint(&self, request_id: &str, stop: bool) -> String {
+        let body = format!("{{\"request_id\": \"{request_id}\", \"stop\": {stop}}}");
+        let (code, answer) = http(self.control(0), "POST", "/v1/savepoints", Some(&body)).unwrap();
+        assert_eq!(code, 202, "{answer}");
+        let start = Instant::now();
+        loop {
+            let (code, answer) = http(self.control(0), "GET", &format!("/v1/savepoints/{request_id}"), None).unwrap();
+            assert_eq!(code, 200, "{answer}");
+            let o: SavepointOutcome = serde_json::from_str(&answer).unwrap();
+            match o.state {
+                SavepointState::Completed => {
+                    // Asking again returns the same savepoint instead of taking another.
+                    let (code, again) = http(self.control(0), "POST", "/v1/savepoints", Some(&body)).unwrap();
+                    assert_eq!(code, 202);
+                    assert_eq!(serde_json::from_str::<SavepointOutcome>(&again).unwrap(), o);
+                    return o.savepoint.expect("a completed savepoint has a location").location;
+                }
+                SavepointState::Failed => panic!("savepoint failed: {o:?}\n{}", self.logs()),
+                SavepointState::Pending => {
+                    assert!(start.elapsed() < Duration::from_secs(30), "savepoint still pending:\n{}", self.logs());
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
+    }
+
+    fn kill(&mut self, i: usize) -> ExitStatus {
+        let mut child = self.children[i].take().unwrap();
+        kill(child.id());
+        child.wait().unwrap()
+    }
+
+    fn wait(&mut self, i: usize, limit: Duration) -> ExitStatus {
+        let mut child = self.children[i].take().unwrap();
+        let start = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if start.elapsed() > limit {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("worker {i} did not exit within {limit:?}:\n{}", self.logs());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Both workers exit 0: the job finished.
+    fn wait_finished(&mut self) {
+        for i in 0..self.children.len() {
+            let status = self.wait(i, Duration::from_secs(120));
+            assert!(status.success(), "worker {i}: {status}\n{}", self.logs());
+        }
+    }
+}
+
+impl Drop for Pods {
+    fn drop(&mut self) {
+        for mut child in self.children.drain(..).flatten() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// One request with the runtime's own client.
+fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&str>) -> Option<(u16, String)> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(weir_runtime::control::call(addr, method, path, TOKEN, body.map(str::as_bytes), Duration::from_secs(5))).ok()
+}
+
+#[test]
+fn pod_mode_workers_get_their_membership_over_http_and_finish_exactly_once() {
+    let job = Job::counting(2, 20_000, 17, 0, "100ms");
+    let mut pods = Pods::start(&job, 1, "pod-run-1", &[]);
+    for i in 0..2 {
+        let st = pods.status(i);
+        assert_eq!((st.phase.as_str(), st.job.as_str()), ("awaiting-membership", "eo-test"));
+    }
+    // Worker 1 first: the job cannot start (and end) before worker 0 has its membership too.
+    let mine = serde_json::to_string(&pods.membership("pod-run-1")).unwrap();
+    let other = serde_json::to_string(&pods.membership("pod-run-2")).unwrap();
+    // Not the run this pod was started for.
+    let (code, answer) = http(pods.control(1), "PUT", "/v1/membership", Some(&other)).unwrap();
+    assert_eq!(code, 400, "{answer}");
+    for _ in 0..2 {
+        // The operator may repeat itself after a restart.
+        assert_eq!(http(pods.control(1), "PUT", "/v1/membership", Some(&mine)).unwrap().0, 200);
+    }
+    let (code, answer) = http(pods.control(1), "PUT", "/v1/membership", Some(&other)).unwrap();
+    assert_eq!(code, 409, "{answer}");
+    assert!(answer.contains("pod-run-1") && answer.contains("pod-run-2"), "{answer}");
+    assert_eq!(pods.status(1).run_id, "pod-run-1");
+    pods.put_membership("pod-run-1");
+    pods.wait_finished();
+    job.assert_exactly_once();
+    assert!(std::fs::read_to_string(job.path("state/eo-test/finished.json")).unwrap().contains("\"phase\": \"finished\""));
+}
+
+#[test]
+fn after_a_savepoint_and_a_lost_worker_a_new_set_restores_latest_exactly_once() {
+    let job = Job::counting(2, 100_000, 23, 20_000, "100ms");
+    let mut first = Pods::start(&job, 2, "pod-run-a", &[]);
+    first.put_membership("pod-run-a");
+    first.wait_running(10_000);
+    let savepoint = first.savepoint("sp-request-1", false);
+    assert!(std::path::Path::new(&savepoint).join("_metadata").exists(), "{savepoint}");
+    assert_eq!(first.status(0).last_savepoint.map(|s| s.location), Some(savepoint));
+    let st = first.status(1);
+    assert_eq!((st.run_id.as_str(), st.phase.as_str()), ("pod-run-a", "running"));
+    // Let a checkpoint complete after the savepoint, then lose worker 1: worker 0 fails the run.
+    let after = first.status(0).checkpoints_completed;
+    let start = Instant::now();
+    while first.status(0).checkpoints_completed <= after {
+        assert!(start.elapsed() < Duration::from_secs(20), "no checkpoint completed:\n{}", first.logs());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    first.kill(1);
+    let survivor = first.wait(0, Duration::from_secs(30));
+    assert_eq!(survivor.code(), Some(1), "worker 0 after losing worker 1:\n{}", first.logs());
+    assert!(job.committed_lines().len() < 100_000, "the job finished before the failure; make it longer");
+
+    let latest = std::fs::read_to_string(job.path("state/eo-test/checkpoints/_latest")).unwrap();
+    let mut second = Pods::start(&job, 3, "pod-run-b", &["--restore", "latest"]);
+    second.put_membership("pod-run-b");
+    let st = second.status_of_run(0, "pod-run-b");
+    let restored = st.restored_from.expect("restored from the latest checkpoint");
+    assert!(restored.ends_with(latest.trim()), "{restored} is not {latest}");
+    assert_eq!(st.run_id, "pod-run-b");
+    second.wait_finished();
+    job.assert_exactly_once();
+}
+
+#[test]
+fn a_stopping_savepoint_location_from_the_api_restores_as_given_exactly_once() {
+    // A stopping savepoint is the run's last snapshot: nothing is committed
+    // after it, so restoring it must reproduce the output exactly. The state
+    // directory is a file:// URL, the form a cluster's storage takes.
+    let job = Job::counting(2, 100_000, 19, 20_000, "100ms");
+    let state_url = format!("file://{}", job.path("state").display());
+    let mut first = Pods::start(&job, 4, "pod-run-x", &["--state-dir", &state_url, "--restore", "latest"]);
+    first.put_membership("pod-run-x");
+    first.wait_running(10_000);
+    assert_eq!(first.status(0).restored_from, None, "nothing to restore yet: a fresh start");
+    let start = Instant::now();
+    while first.status(0).checkpoints_completed == 0 {
+        assert!(start.elapsed() < Duration::from_secs(20), "no checkpoint completed:\n{}", first.logs());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let savepoint = first.savepoint("upgrade-1", true);
+    let st = first.status(0);
+    std::thread::sleep(Duration::from_millis(600));
+    let later = first.status(0);
+    assert_eq!((later.checkpoints_completed, later.checkpoint_in_progress), (st.checkpoints_completed, None), "a checkpoint after the stopping savepoint");
+    let committed = job.committed_lines().len();
+    assert!(committed > 0 && committed < 100_000, "{committed} lines committed");
+    first.kill(0);
+    let survivor = first.wait(1, Duration::from_secs(30));
+    assert_eq!(survivor.code(), Some(1), "worker 1 after losing worker 0:\n{}", first.logs());
+    assert!(first.logs().contains("starting fresh"), "{}", first.logs());
+
+    let mut second = Pods::start(&job, 5, "pod-run-y", &["--state-dir", &state_url, "--restore", &savepoint]);
+    second.put_membership("pod-run-y");
+    assert_eq!(second.status_of_run(1, "pod-run-y").restored_from.as_deref(), Some(savepoint.as_str()));
+    second.wait_finished();
+    job.assert_exactly_once();
+}
+
+#[test]
+fn pod_mode_refuses_to_start_without_a_token_and_gives_up_without_a_membership() {
+    let job = Job::counting(2, 1_000, 5, 0, "1s");
+    let base = ["worker", "--pipeline", "pipeline.yaml", "--index", "0", "--state-dir", "state"];
+    for token in [None, Some("")] {
+        let mut cmd = Command::new(WEIR);
+        cmd.current_dir(job.dir.path()).args(base).args(["--control-addr", "127.42.6.1:6120"]).env_remove("WEIR_CONTROL_TOKEN");
+        if let Some(t) = token {
+            cmd.env("WEIR_CONTROL_TOKEN", t);
+        }
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+        assert!(stderr(&out).contains("WEIR_CONTROL_TOKEN"), "{}", stderr(&out));
+    }
+    let out = Command::new(WEIR)
+        .current_dir(job.dir.path())
+        .args(base)
+        .args(["--control-addr", "127.42.6.2:6120", "--membership-timeout", "300ms"])
+        .env("WEIR_CONTROL_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no membership arrived within 300ms"), "{}", stderr(&out));
+}
