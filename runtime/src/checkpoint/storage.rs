@@ -234,17 +234,37 @@ impl CheckpointStorage {
         Ok(dir)
     }
 
-    /// The latest completed checkpoint, if any.
+    /// The newest state of the job's lineage: the latest completed checkpoint,
+    /// or the snapshot the current run restored from if it has completed none
+    /// since (see [`Self::mark_restored`]).
     pub async fn latest(&self) -> Result<Option<Location>> {
         let Some(bytes) = self.job_root.get(LATEST).await? else { return Ok(None) };
         let rel = String::from_utf8_lossy(&bytes).trim().to_string();
-        if !rel.starts_with("checkpoints/chk-") {
-            return Err(Error::BadCheckpoint {
-                location: format!("{}/{LATEST}", self.job_root.display),
-                message: format!("the latest-checkpoint pointer is corrupted (`{rel}`)"),
-            });
+        if rel.starts_with("checkpoints/chk-") || rel.starts_with("savepoints/sp-") {
+            return Ok(Some(self.dir(&rel)));
         }
-        Ok(Some(self.dir(&rel)))
+        if rel.starts_with('/') || rel.contains("://") {
+            return Location::parse(&rel, false).map(Some);
+        }
+        Err(Error::BadCheckpoint {
+            location: format!("{}/{LATEST}", self.job_root.display),
+            message: format!("the latest-checkpoint pointer is corrupted (`{rel}`)"),
+        })
+    }
+
+    /// Points `latest` at the snapshot a run restores from, before the run
+    /// commits that snapshot's pending sink files. From then on the snapshot's
+    /// output is committed, so a later restore of "latest" must not go back
+    /// to an older checkpoint (it would commit the same records again): a
+    /// savepoint restored after a suspension or an upgrade, or an initial
+    /// savepoint from elsewhere, becomes the lineage's latest state.
+    pub async fn mark_restored(&self, location: &Location) -> Result<()> {
+        let root = format!("{}/", self.job_root.display.trim_end_matches('/'));
+        let pointer = match location.display.strip_prefix(&root) {
+            Some(rel) if rel.starts_with("checkpoints/chk-") || rel.starts_with("savepoints/sp-") => rel.to_string(),
+            _ => location.display.clone(),
+        };
+        self.job_root.put(LATEST, format!("{pointer}\n").into_bytes()).await
     }
 
     /// Every checkpoint and savepoint directory, oldest first.

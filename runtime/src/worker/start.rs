@@ -91,6 +91,9 @@ pub(super) async fn restore_state(cfg: &WorkerConfig, storage: &CheckpointStorag
     };
     let r = RestoredState::load(location).await?;
     r.check_compatible(&cfg.plan, cfg.allow_non_restored_state)?;
+    // Before any sink commits the snapshot's pending files (every worker writes
+    // the same pointer; the run has not checkpointed yet, so nothing races it).
+    storage.mark_restored(&r.location).await?;
     tracing::info!(worker = cfg.index, checkpoint = r.meta.checkpoint_id, location = %r.location.display, "restoring");
     Ok(Some(r))
 }
