@@ -151,12 +151,21 @@ async fn act(job: &StreamJob, ctx: &Context, ns: &str, decision: &Decision) -> R
             }
             Effect::RemoveFinalizer => {
                 let jobs: Api<StreamJob> = Api::namespaced(ctx.client.clone(), ns);
-                let rest: Vec<String> = job.finalizers().iter().filter(|f| *f != names::FINALIZER).cloned().collect();
-                let patch = serde_json::json!({"metadata": {"finalizers": rest, "resourceVersion": job.resource_version()}});
-                match jobs.patch(&job.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(e)) if e.code == 404 => {}
-                    Err(e) => return Err(Error::kube("removing the finalizer")(e)),
+                // JSON patch with a test of the exact entry: other controllers'
+                // finalizers stay, and no resourceVersion precondition fails just
+                // because this reconcile wrote the status a moment ago.
+                if let Some(i) = job.finalizers().iter().position(|f| f == names::FINALIZER) {
+                    let path = format!("/metadata/finalizers/{i}");
+                    let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+                        {"op": "test", "path": path, "value": names::FINALIZER},
+                        {"op": "remove", "path": path},
+                    ]))
+                    .map_err(|e| Error::Build { object: job.name_any(), message: e.to_string() })?;
+                    match jobs.patch(&job.name_any(), &PatchParams::default(), &Patch::<()>::Json(patch)).await {
+                        Ok(_) => {}
+                        Err(kube::Error::Api(e)) if e.code == 404 => {}
+                        Err(e) => return Err(Error::kube("removing the finalizer")(e)),
+                    }
                 }
                 ctx.metrics.forget(job);
             }

@@ -17,6 +17,11 @@ impl State for Deleting {
     const PHASE: Option<Phase> = Some(Phase::Deleting);
 
     fn step(cx: &Cx, st: &mut StreamJobStatus) -> Step {
+        // The final savepoint is in status once taken: removing the finalizer
+        // may need another try, never another savepoint.
+        if st.pending_savepoint.is_none() && st.last_savepoint.as_ref().is_some_and(|s| s.reason == SavepointReason::Delete) {
+            return done();
+        }
         let running = st.run.as_ref().is_some_and(|r| matches!(cx.obs.health(r), RunHealth::Running { .. }));
         let pending_final = st.pending_savepoint.as_ref().is_some_and(|p| p.reason == SavepointReason::Delete);
         if !pending_final {
@@ -41,7 +46,9 @@ impl State for Deleting {
             Wait::Pending { effects, message } => Step::stay::<This>().effects(effects).message(format!("deleting: {message}")).requeue(Duration::from_millis(500)),
             Wait::Completed(sp) => {
                 let m = savepoint::record(cx, st, &sp);
-                done().event("FinalSavepoint", m)
+                // Its own reason: events with one reason are aggregated into a
+                // series that keeps the first note.
+                done().event("FinalSavepointCompleted", m)
             }
             Wait::Failed(why) => done().warning("DeletedWithoutSavepoint", format!("final savepoint failed: {why}; deleting anyway")),
         }

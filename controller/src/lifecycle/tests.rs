@@ -494,7 +494,7 @@ fn deletion_takes_a_final_savepoint_then_lets_the_job_go() {
     }));
     let d = w.step();
     assert!(d.effects.contains(&Effect::RemoveFinalizer));
-    assert!(d.notes.iter().any(|n| n.reason == "FinalSavepoint" && n.message.contains("sp-8")));
+    assert!(d.notes.iter().any(|n| n.reason == "FinalSavepointCompleted" && n.message.contains("sp-8")));
 }
 
 #[test]
@@ -557,4 +557,25 @@ fn an_invalid_spec_change_keeps_the_running_job_and_says_why() {
     assert_eq!(w.phase(), Some(Phase::Running));
     assert!(d.effects.is_empty());
     assert!(d.status.message.unwrap().contains("spec change not applied"));
+}
+
+#[test]
+fn a_retried_deletion_after_the_final_savepoint_does_not_take_another() {
+    let w0 = World::running(JobBuilder::new("j").build());
+    let mut w = World { job: { let mut j = w0.job.clone(); j.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now())); j }, ..w0 };
+    w.step();
+    let d = w.step();
+    let (id, _) = savepoint_requests(std::slice::from_ref(&d))[0].clone();
+    w.savepoint = Some(Some(SavepointOutcome {
+        request_id: id,
+        state: SavepointState::Completed,
+        savepoint: Some(CheckpointStatus { id: 8, location: "/cp/sp-8".into(), completed_unix_ms: 1, duration_ms: 1 }),
+        error: None,
+    }));
+    w.step();
+    // Removing the finalizer failed (a conflict); the next reconcile only retries that.
+    w.savepoint = Some(None);
+    let d = w.step();
+    assert_eq!(d.effects, vec![Effect::RemoveFinalizer]);
+    assert!(savepoint_requests(std::slice::from_ref(&d)).is_empty());
 }
