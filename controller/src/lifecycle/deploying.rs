@@ -2,11 +2,10 @@
 
 use std::time::Duration;
 
-use weir_api::streamjob::{Failure, StreamJobStatus};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use weir_api::streamjob::StreamJobStatus;
 
-use super::run::{advance, begin_recovery, restored_from, Progress};
-use super::{Cx, Failed, Finished, Recovering, Running, State, Step};
+use super::run::{advance, after_failure, restored_from, Progress};
+use super::{Cx, Finished, Running, State, Step};
 
 pub struct Deploying;
 
@@ -21,14 +20,7 @@ impl State for Deploying {
                 Step::to::<Deploying, Running>().event("Running", format!("all workers run; {from}")).message(format!("running; {from}")).requeue(Duration::from_secs(2))
             }
             Progress::Finished => Step::to::<Deploying, Finished>().message("finished: every source ended and the final checkpoint committed"),
-            Progress::Failed { reason, message, fatal: true } => {
-                st.last_failure = Some(Failure { time: Time(cx.now), reason: reason.clone(), message: message.clone() });
-                Step::to::<Deploying, Failed>().warning(&reason, message.clone()).message(message)
-            }
-            Progress::Failed { reason, message, .. } => match begin_recovery(cx, st, &reason, &message) {
-                Ok(m) => Step::to::<Deploying, Recovering>().warning(&reason, m.clone()).message(m).requeue(Duration::ZERO),
-                Err(m) => Step::to::<Deploying, Failed>().warning("RestartLimitReached", m.clone()).message(m),
-            },
+            Progress::Failed { reason, message, fatal } => after_failure::<Deploying>(cx, st, &reason, &message, fatal),
         }
     }
 }

@@ -171,3 +171,22 @@ pub(super) fn restored_from(cx: &Cx) -> String {
         None => "no completed checkpoint or savepoint to restore from: started fresh".into(),
     }
 }
+
+/// What a state does when its run failed: an error a restart cannot fix fails
+/// the job at once; anything else restarts it with backoff, or fails it past
+/// the restart limit. Every state that watches a run uses this, so the rule
+/// lives in one place.
+pub(super) fn after_failure<S>(cx: &Cx, st: &mut StreamJobStatus, reason: &str, message: &str, fatal: bool) -> super::Step
+where
+    S: super::TransitionTo<super::Recovering> + super::TransitionTo<super::Failed>,
+{
+    use super::{Failed, Recovering, Step};
+    if fatal {
+        st.last_failure = Some(Failure { time: Time(cx.now), reason: reason.into(), message: message.into() });
+        return Step::to::<S, Failed>().warning(reason, message).message(message);
+    }
+    match begin_recovery(cx, st, reason, message) {
+        Ok(m) => Step::to::<S, Recovering>().warning(reason, m.clone()).message(m).requeue(Duration::ZERO),
+        Err(m) => Step::to::<S, Failed>().warning("RestartLimitReached", m.clone()).message(m),
+    }
+}

@@ -4,11 +4,10 @@
 
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use weir_api::streamjob::{Failure, JobState, SavepointReason, StreamJobStatus, UpgradeMode};
+use weir_api::streamjob::{JobState, SavepointReason, StreamJobStatus, UpgradeMode};
 
-use super::run::{begin_recovery, new_run, record_progress, LATEST};
-use super::{human, savepoint, Cx, Failed, Finished, Recovering, Savepointing, State, Step, Suspending, Upgrading};
+use super::run::{after_failure, new_run, record_progress, LATEST};
+use super::{human, savepoint, Cx, Finished, Recovering, Savepointing, State, Step, Suspending, Upgrading};
 use crate::observe::RunHealth;
 
 pub struct Running;
@@ -26,16 +25,7 @@ impl State for Running {
             return Step::to::<Running, Recovering>().message("no run recorded in status: restoring from the latest checkpoint").requeue(Duration::ZERO);
         };
         match cx.obs.health(&run) {
-            RunHealth::Failed { reason, message, fatal: true } => {
-                st.last_failure = Some(Failure { time: Time(cx.now), reason: reason.clone(), message: message.clone() });
-                return Step::to::<Running, Failed>().warning(&reason, message.clone()).message(message);
-            }
-            RunHealth::Failed { reason, message, .. } => {
-                return match begin_recovery(cx, st, &reason, &message) {
-                    Ok(m) => Step::to::<Running, Recovering>().warning(&reason, m.clone()).message(m).requeue(Duration::ZERO),
-                    Err(m) => Step::to::<Running, Failed>().warning("RestartLimitReached", m.clone()).message(m),
-                };
-            }
+            RunHealth::Failed { reason, message, fatal } => return after_failure::<Running>(cx, st, &reason, &message, fatal),
             RunHealth::Finished => {
                 return Step::to::<Running, Finished>()
                     .event("Finished", "every source ended and the final checkpoint committed")

@@ -5,9 +5,9 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use weir_api::streamjob::{Failure, StreamJobStatus};
 
-use super::run::{begin_recovery, record_progress};
+use super::run::{after_failure, record_progress};
 use super::savepoint::{self, Wait};
-use super::{Cx, Failed, Recovering, Running, State, Step};
+use super::{Cx, Running, State, Step};
 use crate::observe::RunHealth;
 
 pub struct Savepointing;
@@ -17,14 +17,11 @@ impl State for Savepointing {
 
     fn step(cx: &Cx, st: &mut StreamJobStatus) -> Step {
         if let Some(run) = st.run.clone() {
-            if let RunHealth::Failed { reason, message, .. } = cx.obs.health(&run) {
+            if let RunHealth::Failed { reason, message, fatal } = cx.obs.health(&run) {
                 // The savepoint is lost with the run; the trigger stays unobserved,
                 // so the recovered job takes it.
                 st.pending_savepoint = None;
-                return match begin_recovery(cx, st, &reason, &message) {
-                    Ok(m) => Step::to::<Savepointing, Recovering>().warning(&reason, m.clone()).message(m).requeue(Duration::ZERO),
-                    Err(m) => Step::to::<Savepointing, Failed>().warning("RestartLimitReached", m.clone()).message(m),
-                };
+                return after_failure::<Savepointing>(cx, st, &reason, &message, fatal);
             }
         }
         record_progress(cx, st);

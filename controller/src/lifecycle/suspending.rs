@@ -7,9 +7,9 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use weir_api::streamjob::{Failure, JobState, StreamJobStatus};
 
-use super::run::{begin_recovery, record_progress};
+use super::run::{after_failure, record_progress};
 use super::savepoint::{self, Wait};
-use super::{Cx, Effect, Failed, Recovering, Running, State, Step, Suspended};
+use super::{Cx, Effect, Running, State, Step, Suspended};
 use crate::observe::RunHealth;
 
 pub struct Suspending;
@@ -35,12 +35,9 @@ impl State for Suspending {
             return Step::to::<Suspending, Running>().event("SuspendCancelled", "spec.state is running again before the suspension completed").message("running (suspension cancelled)");
         }
         if let Some(run) = st.run.clone() {
-            if let RunHealth::Failed { reason, message, .. } = cx.obs.health(&run) {
+            if let RunHealth::Failed { reason, message, fatal } = cx.obs.health(&run) {
                 st.pending_savepoint = None;
-                return match begin_recovery(cx, st, &reason, &format!("{message}, before the suspend savepoint completed")) {
-                    Ok(m) => Step::to::<Suspending, Recovering>().warning(&reason, m.clone()).message(m).requeue(Duration::ZERO),
-                    Err(m) => Step::to::<Suspending, Failed>().warning("RestartLimitReached", m.clone()).message(m),
-                };
+                return after_failure::<Suspending>(cx, st, &reason, &format!("{message}, before the suspend savepoint completed"), fatal);
             }
         }
         record_progress(cx, st);

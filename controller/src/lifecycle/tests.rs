@@ -579,3 +579,16 @@ fn a_retried_deletion_after_the_final_savepoint_does_not_take_another() {
     assert_eq!(d.effects, vec![Effect::RemoveFinalizer]);
     assert!(savepoint_requests(std::slice::from_ref(&d)).is_empty());
 }
+
+#[test]
+fn a_fatal_worker_error_while_a_savepoint_is_pending_fails_the_job_instead_of_restarting_it() {
+    let mut w = World::running(JobBuilder::new("j").build());
+    w.job.spec.savepoint_trigger = Some("a".into());
+    w.step();
+    assert_eq!(w.phase(), Some(Phase::Savepointing));
+    w.pods[0] = exited(w.pods[0].clone(), 3);
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Failed));
+    assert_eq!(d.status.restarts, 0);
+    assert!(d.status.pending_savepoint.is_none());
+}

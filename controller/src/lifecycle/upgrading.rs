@@ -8,9 +8,9 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use weir_api::streamjob::{Failure, StreamJobStatus};
 
-use super::run::{advance, begin_recovery, new_run, record_progress, restored_from, Progress};
+use super::run::{advance, after_failure, new_run, record_progress, restored_from, Progress};
 use super::savepoint::{self, Wait};
-use super::{Cx, Failed, Finished, Recovering, Running, State, Step};
+use super::{Cx, Finished, Running, State, Step};
 use crate::observe::RunHealth;
 
 pub struct Upgrading;
@@ -34,29 +34,21 @@ impl State for Upgrading {
                     .requeue(Duration::from_secs(2))
             }
             Progress::Finished => Step::to::<Upgrading, Finished>().message("finished: every source ended and the final checkpoint committed"),
-            Progress::Failed { reason, message, fatal: true } => {
-                st.last_failure = Some(Failure { time: Time(cx.now), reason: reason.clone(), message: message.clone() });
-                Step::to::<Upgrading, Failed>().warning(&reason, message.clone()).message(format!("upgrade failed: {message}"))
+            Progress::Failed { reason, message, fatal } => {
+                after_failure::<Upgrading>(cx, st, &reason, &format!("the upgraded job failed: {message}"), fatal)
             }
-            Progress::Failed { reason, message, .. } => match begin_recovery(cx, st, &reason, &message) {
-                Ok(m) => Step::to::<Upgrading, Recovering>().warning(&reason, m.clone()).message(m).requeue(Duration::ZERO),
-                Err(m) => Step::to::<Upgrading, Failed>().warning("RestartLimitReached", m.clone()).message(m),
-            },
         }
     }
 }
 
 fn await_savepoint(cx: &Cx, st: &mut StreamJobStatus) -> Step {
     if let Some(run) = st.run.clone() {
-        if let RunHealth::Failed { reason, message, .. } = cx.obs.health(&run) {
+        if let RunHealth::Failed { reason, message, fatal } = cx.obs.health(&run) {
             // The old pods died before the savepoint completed. The newest
             // consistent state is the latest checkpoint; say so loudly.
             st.pending_savepoint = None;
             let m = format!("{message}, before the upgrade savepoint completed; the new spec starts from the latest completed checkpoint instead");
-            return match begin_recovery(cx, st, &reason, &m) {
-                Ok(m) => Step::to::<Upgrading, Recovering>().warning("UpgradeSavepointLost", m.clone()).message(m).requeue(Duration::ZERO),
-                Err(m) => Step::to::<Upgrading, Failed>().warning("RestartLimitReached", m.clone()).message(m),
-            };
+            return after_failure::<Upgrading>(cx, st, &reason, &m, fatal);
         }
     }
     record_progress(cx, st);
