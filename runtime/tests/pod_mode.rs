@@ -213,7 +213,8 @@ fn pod_mode_workers_get_their_membership_over_http_and_finish_exactly_once() {
     let (code, answer) = http(pods.control(1), "PUT", "/v1/membership", Some(&other)).unwrap();
     assert_eq!(code, 409, "{answer}");
     assert!(answer.contains("pod-run-1") && answer.contains("pod-run-2"), "{answer}");
-    assert_eq!(pods.status(1).run_id, "pod-run-1");
+    // The worker takes the run over asynchronously after the 200; wait for it.
+    assert_eq!(pods.status_of_run(1, "pod-run-1").run_id, "pod-run-1");
     pods.put_membership("pod-run-1");
     pods.wait_finished();
     job.assert_exactly_once();
