@@ -614,8 +614,9 @@ fn ms(v: Option<f64>) -> String {
     match v {
         None => "-".into(),
         Some(v) if v.is_infinite() => "> top bucket".into(),
-        Some(v) if v < 0.01 => format!("{:.1} ms", v * 1000.0),
-        Some(v) => format!("{:.0} ms", v * 1000.0),
+        Some(v) if v < 0.01 => format!("{:.2} ms", v * 1000.0),
+        Some(v) if v < 1.0 => format!("{:.1} ms", v * 1000.0),
+        Some(v) => format!("{v:.2} s"),
     }
 }
 
