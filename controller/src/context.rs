@@ -19,11 +19,16 @@ pub struct Context {
     pub settings: WorkerSettings,
     /// Control tokens by StreamJob uid, read from their Secrets once.
     pub tokens: Mutex<HashMap<String, String>>,
+    /// By StreamJob uid: the resourceVersion this operator last read and then
+    /// changed (finalizer or status). While the watch still shows exactly that
+    /// version, the object a reconcile gets is older than the operator's own
+    /// write (see [`crate::reconcile`]).
+    pub superseded: Mutex<HashMap<String, String>>,
 }
 
 impl Context {
     pub fn new(client: Client, workers: Arc<dyn WorkerApi>, metrics: Arc<Metrics>, settings: WorkerSettings, instance: Option<String>) -> Context {
         let reporter = Reporter { controller: crate::FIELD_MANAGER.into(), instance };
-        Context { recorder: Recorder::new(client.clone(), reporter), client, workers, metrics, settings, tokens: Mutex::new(HashMap::new()) }
+        Context { recorder: Recorder::new(client.clone(), reporter), client, workers, metrics, settings, tokens: Mutex::new(HashMap::new()), superseded: Mutex::new(HashMap::new()) }
     }
 }

@@ -23,8 +23,22 @@ use crate::names;
 use crate::observe::{Observed, PodView, RunHealth};
 use crate::FIELD_MANAGER;
 
+/// How soon a reconcile skipped for a stale object looks again, should the
+/// watch event of the operator's own write be slower than that (it normally
+/// triggers the next reconcile itself).
+const STALE_RETRY: Duration = Duration::from_secs(1);
+
 #[instrument(skip_all, fields(job = %job.name_any(), namespace = job.namespace().unwrap_or_default()))]
 pub async fn reconcile(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Action> {
+    if is_superseded(&job, &ctx) {
+        // The watch has not delivered this operator's own last write yet.
+        // Deciding on the older object would decide again what was already
+        // decided and written (a second status write, event and set of
+        // applies); the watch event of the write triggers the next reconcile.
+        debug!("the cached StreamJob predates this operator's last write; waiting for the watch");
+        ctx.metrics.skipped_stale();
+        return Ok(Action::requeue(STALE_RETRY));
+    }
     let started = Instant::now();
     let result = reconcile_inner(&job, &ctx).await;
     ctx.metrics.reconciled(started.elapsed(), result.as_ref().err());
@@ -44,7 +58,8 @@ async fn reconcile_inner(job: &StreamJob, ctx: &Context) -> Result<Action> {
         // The finalizer first: a job must never have pods the operator could not
         // take a final savepoint of.
         let patch = serde_json::json!({"metadata": {"finalizers": [names::FINALIZER]}});
-        jobs.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(Error::kube("adding the finalizer"))?;
+        let patched = jobs.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(Error::kube("adding the finalizer"))?;
+        wrote(job, &patched, ctx);
         return Ok(Action::requeue(Duration::ZERO));
     }
 
@@ -52,7 +67,8 @@ async fn reconcile_inner(job: &StreamJob, ctx: &Context) -> Result<Action> {
     let decision = lifecycle::decide(job, &observed);
     let old = job.status.clone().unwrap_or_default();
     if decision.status != old {
-        write_status(&jobs, &name, &decision.status).await?;
+        let written = write_status(&jobs, &name, &decision.status).await?;
+        wrote(job, &written, ctx);
     }
     if let Some((from, to, spent)) = &decision.transition {
         info!(from = ?from, to = ?to, spent_ms = spent.as_millis() as u64, message = decision.status.message.as_deref().unwrap_or(""), "phase changed");
@@ -96,7 +112,7 @@ async fn observe(job: &StreamJob, ctx: &Context, ns: &str) -> Result<Observed> {
     Ok(observed)
 }
 
-async fn write_status(jobs: &Api<StreamJob>, name: &str, status: &StreamJobStatus) -> Result<()> {
+async fn write_status(jobs: &Api<StreamJob>, name: &str, status: &StreamJobStatus) -> Result<StreamJob> {
     let patch = serde_json::json!({
         "apiVersion": "weir.dev/v1alpha1",
         "kind": "StreamJob",
@@ -104,8 +120,34 @@ async fn write_status(jobs: &Api<StreamJob>, name: &str, status: &StreamJobStatu
     });
     jobs.patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
         .await
-        .map_err(Error::kube("writing the status"))?;
-    Ok(())
+        .map_err(Error::kube("writing the status"))
+}
+
+/// Records that `read` was changed into `written` by this operator, unless the
+/// write changed nothing (same resourceVersion).
+fn wrote(read: &StreamJob, written: &StreamJob, ctx: &Context) {
+    let (Some(uid), Some(before), Some(after)) = (read.uid(), read.resource_version(), written.resource_version()) else { return };
+    if before != after {
+        if let Ok(mut m) = ctx.superseded.lock() {
+            m.insert(uid, before);
+        }
+    }
+}
+
+/// Whether `job` is exactly the version this operator last changed, i.e. the
+/// watch has not shown the change yet. Any other version (the write, or
+/// anything after it, or a relist) ends the wait.
+fn is_superseded(job: &StreamJob, ctx: &Context) -> bool {
+    let (Some(uid), Some(rv)) = (job.uid(), job.resource_version()) else { return false };
+    let Ok(mut m) = ctx.superseded.lock() else { return false };
+    match m.get(&uid) {
+        Some(old) if *old == rv => true,
+        Some(_) => {
+            m.remove(&uid);
+            false
+        }
+        None => false,
+    }
 }
 
 async fn publish(ctx: &Context, job: &StreamJob, decision: &Decision) {
@@ -168,6 +210,9 @@ async fn act(job: &StreamJob, ctx: &Context, ns: &str, decision: &Decision) -> R
                     }
                 }
                 ctx.metrics.forget(job);
+                if let (Some(uid), Ok(mut m)) = (job.uid(), ctx.superseded.lock()) {
+                    m.remove(&uid);
+                }
             }
         }
     }
@@ -249,4 +294,81 @@ async fn token(job: &StreamJob, ctx: &Context, ns: &str) -> Result<String> {
 pub fn error_policy(job: Arc<StreamJob>, error: &Error, _ctx: Arc<Context>) -> Action {
     warn!(job = %job.name_any(), error = %error, "reconcile failed; retrying");
     Action::requeue(Duration::from_secs(2))
+}
+
+#[cfg(test)]
+mod tests {
+    use http::{Request, Response};
+    use kube::client::Body;
+    use kube::Client;
+
+    use super::*;
+    use crate::desired::WorkerSettings;
+    use crate::metrics::Metrics;
+    use crate::testing::JobBuilder;
+    use crate::worker_api::HttpWorkerApi;
+
+    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+    fn context() -> (Arc<Context>, Handle) {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(service, "jobs");
+        let ctx = Context::new(client, Arc::new(HttpWorkerApi::new().unwrap()), Arc::new(Metrics::new()), WorkerSettings::default(), None);
+        (Arc::new(ctx), handle)
+    }
+
+    fn job(resource_version: &str, finalizer: bool) -> StreamJob {
+        let mut j = JobBuilder::new("j").build();
+        j.metadata.resource_version = Some(resource_version.into());
+        if !finalizer {
+            j.metadata.finalizers = None;
+        }
+        j
+    }
+
+    async fn answer(handle: &mut Handle, method: &str, path: &str, body: &StreamJob) {
+        let (req, send) = handle.next_request().await.expect("a request");
+        assert_eq!((req.method().as_str(), req.uri().path()), (method, path));
+        send.send_response(Response::builder().status(200).body(Body::from(serde_json::to_vec(body).unwrap())).unwrap());
+    }
+
+    #[tokio::test]
+    async fn the_version_the_operator_just_changed_is_not_reconciled_again_until_the_watch_shows_the_change() {
+        let (ctx, mut handle) = context();
+        // Version 7 has no finalizer: the reconcile adds it, making version 8.
+        let server = tokio::spawn(async move {
+            answer(&mut handle, "PATCH", "/apis/weir.dev/v1alpha1/namespaces/jobs/streamjobs/j", &job("8", true)).await;
+            handle
+        });
+        reconcile(Arc::new(job("7", false)), ctx.clone()).await.unwrap();
+        let mut handle = server.await.unwrap();
+
+        // The watch still shows version 7: no request, a look again soon.
+        let action = reconcile(Arc::new(job("7", false)), ctx.clone()).await.unwrap();
+        assert_eq!(action, Action::requeue(STALE_RETRY));
+        assert!(futures::poll!(Box::pin(handle.next_request())).is_pending(), "nothing decided on the stale version");
+        assert!(ctx.metrics.encode().contains("weir_operator_reconciles_skipped_stale_total 1"));
+
+        // Version 8 arrives: reconciled as usual (it lists the job's pods first).
+        let server = tokio::spawn(async move {
+            let (req, _send) = handle.next_request().await.expect("a request");
+            assert_eq!((req.method().as_str(), req.uri().path()), ("GET", "/api/v1/namespaces/jobs/pods"));
+        });
+        let _ = tokio::time::timeout(Duration::from_millis(200), reconcile(Arc::new(job("8", true)), ctx.clone())).await;
+        server.await.unwrap();
+        assert!(ctx.superseded.lock().unwrap().is_empty(), "the newer version ends the wait");
+    }
+
+    #[tokio::test]
+    async fn a_write_that_changed_nothing_does_not_hold_the_next_reconcile() {
+        let (ctx, mut handle) = context();
+        let server = tokio::spawn(async move {
+            // The API server answers with the same version: nothing changed.
+            answer(&mut handle, "PATCH", "/apis/weir.dev/v1alpha1/namespaces/jobs/streamjobs/j", &job("7", true)).await;
+            handle
+        });
+        reconcile(Arc::new(job("7", false)), ctx.clone()).await.unwrap();
+        server.await.unwrap();
+        assert!(ctx.superseded.lock().unwrap().is_empty());
+    }
 }
