@@ -4,7 +4,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::Store;
 use kube::Client;
 
 use crate::desired::WorkerSettings;
@@ -24,11 +26,20 @@ pub struct Context {
     /// version, the object a reconcile gets is older than the operator's own
     /// write (see [`crate::reconcile`]).
     pub superseded: Mutex<HashMap<String, String>>,
+    /// The pods the operator watches (those with the job label), fed by the
+    /// same watch that triggers reconciles; `None`: list them every time.
+    pub pods: Option<Store<Pod>>,
 }
 
 impl Context {
     pub fn new(client: Client, workers: Arc<dyn WorkerApi>, metrics: Arc<Metrics>, settings: WorkerSettings, instance: Option<String>) -> Context {
         let reporter = Reporter { controller: crate::FIELD_MANAGER.into(), instance };
-        Context { recorder: Recorder::new(client.clone(), reporter), client, workers, metrics, settings, tokens: Mutex::new(HashMap::new()), superseded: Mutex::new(HashMap::new()) }
+        Context { recorder: Recorder::new(client.clone(), reporter), client, workers, metrics, settings, tokens: Mutex::new(HashMap::new()), superseded: Mutex::new(HashMap::new()), pods: None }
+    }
+
+    /// Reconciles read the job's pods from `store` when nothing is to be done.
+    pub fn with_pod_cache(mut self, store: Store<Pod>) -> Context {
+        self.pods = Some(store);
+        self
     }
 }

@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::{watcher, Controller};
+use kube::runtime::{reflector, watcher, Controller, WatchStreamExt};
 use kube::{Api, Client};
 use tracing::{error, info, warn};
 use weir_api::streamjob::StreamJob;
@@ -96,9 +96,21 @@ async fn main() -> anyhow::Result<()> {
     };
     let instance = std::env::var("POD_NAME").ok();
     let settings = WorkerSettings { service_account: cli.worker_service_account.clone() };
-    let ctx = Arc::new(Context::new(client.clone(), Arc::new(HttpWorkerApi::new()?), metrics, settings, instance));
+    // One watch of the jobs' pods both fills the pod cache reconciles read
+    // and triggers them (the cache is updated before the trigger fires). Only
+    // what observing a pod needs is kept: metadata without managedFields, and
+    // status.
+    let (pod_cache, pod_writer) = reflector::store();
+    let pod_events = watcher(pods, watcher::Config::default().labels(names::JOB_LABEL))
+        .modify(|pod| {
+            pod.spec = None;
+            pod.metadata.managed_fields = None;
+        })
+        .reflect(pod_writer)
+        .touched_objects();
+    let ctx = Arc::new(Context::new(client.clone(), Arc::new(HttpWorkerApi::new()?), metrics, settings, instance).with_pod_cache(pod_cache));
     let controller = Controller::new(jobs, watcher::Config::default())
-        .owns(pods, watcher::Config::default().labels(names::JOB_LABEL))
+        .owns_stream(pod_events)
         .shutdown_on_signal()
         .run(reconcile::reconcile, reconcile::error_policy, ctx)
         .for_each(|r| async move {

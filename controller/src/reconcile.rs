@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use futures::FutureExt;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event as KubeEvent, EventType};
 use kube::{Resource, ResourceExt};
@@ -63,9 +64,25 @@ async fn reconcile_inner(job: &StreamJob, ctx: &Context) -> Result<Action> {
         return Ok(Action::requeue(Duration::ZERO));
     }
 
-    let observed = observe(job, ctx, &ns).await?;
-    let decision = lifecycle::decide(job, &observed);
+    // The pods from the operator's pod watch when it has them; a decision
+    // that would write or act is made on a consistent list, as without it.
+    let cached = cached_pods(ctx, &ns, &name);
+    let from_cache = cached.is_some();
+    let pods = match cached {
+        Some(pods) => pods,
+        None => list_pods(ctx, &ns, &name).await?,
+    };
+    let mut observed = observe(job, ctx, &ns, pods).await?;
+    let mut decision = lifecycle::decide(job, &observed);
     let old = job.status.clone().unwrap_or_default();
+    if from_cache && !quiet(&decision, &old) {
+        let listed = list_pods(ctx, &ns, &name).await?;
+        if listed != observed.pods {
+            debug!("the pod watch was behind the API server; deciding on the listed pods");
+            observed = observe(job, ctx, &ns, listed).await?;
+            decision = lifecycle::decide(job, &observed);
+        }
+    }
     if decision.status != old {
         let written = write_status(&jobs, &name, &decision.status).await?;
         wrote(job, &written, ctx);
@@ -80,14 +97,39 @@ async fn reconcile_inner(job: &StreamJob, ctx: &Context) -> Result<Action> {
     Ok(Action::requeue(decision.requeue))
 }
 
-async fn observe(job: &StreamJob, ctx: &Context, ns: &str) -> Result<Observed> {
+/// A decision that neither writes, acts, publishes nor changes the phase.
+fn quiet(decision: &Decision, old: &StreamJobStatus) -> bool {
+    decision.status == *old && decision.effects.is_empty() && decision.notes.is_empty() && decision.transition.is_none()
+}
+
+/// The job's pods as the API server lists them (a consistent read), by name.
+async fn list_pods(ctx: &Context, ns: &str, job: &str) -> Result<Vec<PodView>> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let list = pods
-        .list(&ListParams::default().labels(&names::job_selector(&job.name_any())))
-        .await
-        .map_err(Error::kube("listing the job's pods"))?;
+    let list = pods.list(&ListParams::default().labels(&names::job_selector(job))).await.map_err(Error::kube("listing the job's pods"))?;
+    let mut views: Vec<PodView> = list.items.iter().map(PodView::of).collect();
+    views.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(views)
+}
+
+/// The job's pods from the operator's pod watch, by name; `None` without a
+/// pod cache or before its first list. At least as new as the pod event that
+/// triggered this reconcile (the same watch feeds both), but it may lag
+/// behind the pods this operator has just applied or deleted itself.
+fn cached_pods(ctx: &Context, ns: &str, job: &str) -> Option<Vec<PodView>> {
+    let store = ctx.pods.as_ref()?;
+    store.wait_until_ready().now_or_never()?.ok()?;
+    let mut views: Vec<PodView> = store
+        .state_filter(|p| p.metadata.namespace.as_deref() == Some(ns) && p.labels().get(names::JOB_LABEL).map(String::as_str) == Some(job))
+        .iter()
+        .map(|p| PodView::of(p))
+        .collect();
+    views.sort_by(|a, b| a.name.cmp(&b.name));
+    Some(views)
+}
+
+async fn observe(job: &StreamJob, ctx: &Context, ns: &str, pods: Vec<PodView>) -> Result<Observed> {
     let mut observed = Observed::at(jiff::Timestamp::now());
-    observed.pods = list.items.iter().map(PodView::of).collect();
+    observed.pods = pods;
     let status = job.status.clone().unwrap_or_default();
     let Some(run) = &status.run else { return Ok(observed) };
     let RunHealth::Running { ips } = observed.health(run) else { return Ok(observed) };
@@ -302,8 +344,12 @@ mod tests {
     use kube::client::Body;
     use kube::Client;
 
+    use kube::runtime::reflector::{self, Store};
+    use kube::runtime::watcher;
+
     use super::*;
     use crate::desired::WorkerSettings;
+    use crate::testing;
     use crate::metrics::Metrics;
     use crate::testing::JobBuilder;
     use crate::worker_api::HttpWorkerApi;
@@ -357,6 +403,67 @@ mod tests {
         let _ = tokio::time::timeout(Duration::from_millis(200), reconcile(Arc::new(job("8", true)), ctx.clone())).await;
         server.await.unwrap();
         assert!(ctx.superseded.lock().unwrap().is_empty(), "the newer version ends the wait");
+    }
+
+    /// A job in Deploying whose two pods are Pending, with the status the
+    /// lifecycle keeps for it: deciding again on these pods changes nothing.
+    fn pending_job_and_pods() -> (StreamJob, Vec<Pod>) {
+        let pods = vec![testing::pod("j", "01234567-1", 0, "Pending", None), testing::pod("j", "01234567-1", 1, "Pending", None)];
+        let mut job = job("9", true);
+        let mut obs = Observed::at(jiff::Timestamp::now());
+        obs.pods = pods.iter().map(PodView::of).collect();
+        for _ in 0..4 {
+            job.status = Some(lifecycle::decide(&job, &obs).status);
+        }
+        let again = lifecycle::decide(&job, &obs);
+        assert!(quiet(&again, job.status.as_ref().unwrap()), "a fixed point: {again:?}");
+        assert_eq!(job.status.as_ref().unwrap().run.as_ref().map(|r| r.pods_created), Some(true));
+        (job, pods)
+    }
+
+    fn pod_cache(pods: &[Pod]) -> Store<Pod> {
+        let (store, mut writer) = reflector::store();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        for p in pods {
+            writer.apply_watcher_event(&watcher::Event::InitApply(p.clone()));
+        }
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        store
+    }
+
+    fn context_with_pods(pods: &[Pod]) -> (Arc<Context>, Handle) {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(service, "jobs");
+        let ctx = Context::new(client, Arc::new(HttpWorkerApi::new().unwrap()), Arc::new(Metrics::new()), WorkerSettings::default(), None).with_pod_cache(pod_cache(pods));
+        (Arc::new(ctx), handle)
+    }
+
+    #[tokio::test]
+    async fn with_the_pods_in_the_cache_a_reconcile_with_nothing_to_do_makes_no_request() {
+        let (job, pods) = pending_job_and_pods();
+        let (ctx, mut handle) = context_with_pods(&pods);
+        let action = reconcile(Arc::new(job), ctx).await.unwrap();
+        assert_eq!(action, Action::requeue(Duration::from_secs(5)), "waiting for the pods");
+        assert!(futures::poll!(Box::pin(handle.next_request())).is_pending(), "no list, no write");
+    }
+
+    #[tokio::test]
+    async fn a_cache_behind_the_api_server_never_decides_an_action_the_listed_pods_decide() {
+        let (job, pods) = pending_job_and_pods();
+        // The watch has not shown the pods yet: from the cache alone the run's
+        // pods would be missing (a failure and a restart).
+        let (ctx, mut handle) = context_with_pods(&[]);
+        let listed = serde_json::json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": pods});
+        let server = tokio::spawn(async move {
+            let (req, send) = handle.next_request().await.expect("a request");
+            assert_eq!((req.method().as_str(), req.uri().path()), ("GET", "/api/v1/namespaces/jobs/pods"));
+            send.send_response(Response::builder().status(200).body(Body::from(serde_json::to_vec(&listed).unwrap())).unwrap());
+            handle
+        });
+        let action = reconcile(Arc::new(job), ctx).await.unwrap();
+        let mut handle = server.await.unwrap();
+        assert_eq!(action, Action::requeue(Duration::from_secs(5)), "the listed pods are Pending: still waiting");
+        assert!(futures::poll!(Box::pin(handle.next_request())).is_pending(), "no status write, no restart");
     }
 
     #[tokio::test]
