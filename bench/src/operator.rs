@@ -98,6 +98,9 @@ struct Outcome {
     created_s: f64,
     handled_s: f64,
     reconciles: u64,
+    /// Reconciles skipped because the watch had not shown the operator's own
+    /// last write yet (a metric only newer controllers have).
+    skipped_stale: u64,
     errors: u64,
     error_kinds: BTreeMap<String, u64>,
     handling: Histogram,
@@ -423,6 +426,7 @@ fn measure(o: &Options, kubectl: &Path, controller: &Path, n: usize) -> Result<O
         created_s,
         handled_s,
         reconciles: end.value("weir_operator_reconciles_total"),
+        skipped_stale: end.value("weir_operator_reconciles_skipped_stale_total"),
         errors: end.sum("weir_operator_reconcile_errors_total"),
         error_kinds: end.by_label("weir_operator_reconcile_errors_total", "kind"),
         handling: at_handled.histogram("weir_operator_reconcile_duration_seconds"),
@@ -634,25 +638,26 @@ fn print_table(o: &Options, outs: &[Outcome]) {
     if several {
         print!(" controller |");
     }
-    println!(" created in | all handled after | jobs handled/s | reconciles (handling + steady) | errors | handling p50 / p99 (mean) | steady p50 / p99 (mean) | steady reconciles/s | CPU s handling / steady | RSS steady (MiB) | RSS peak (MiB) |");
+    println!(" created in | all handled after | jobs handled/s | reconciles (handling + steady) | stale skips | errors | handling p50 / p99 (mean) | steady p50 / p99 (mean) | steady reconciles/s | CPU s handling / steady | RSS steady (MiB) | RSS peak (MiB) |");
     print!("|---|");
     if several {
         print!("---|");
     }
-    println!("---|---|---|---|---|---|---|---|---|---|---|");
+    println!("---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in outs {
         print!("| {} |", r.jobs);
         if several {
             print!(" {} |", r.controller);
         }
         println!(
-            " {:.1} s | {:.1} s | {:.1} | {} ({} + {}) | {} | {} / {} ({}) | {} / {} ({}) | {:.1} | {:.1} / {:.1} | {:.1} | {:.1} |",
+            " {:.1} s | {:.1} s | {:.1} | {} ({} + {}) | {} | {} | {} / {} ({}) | {} / {} ({}) | {:.1} | {:.1} / {:.1} | {:.1} | {:.1} |",
             r.created_s,
             r.handled_s,
             r.jobs as f64 / r.handled_s,
             r.reconciles,
             r.handling.count(),
             r.steady.count(),
+            r.skipped_stale,
             r.errors,
             ms(r.handling.quantile(0.5)),
             ms(r.handling.quantile(0.99)),
