@@ -298,7 +298,7 @@ fn cpu_seconds(pid: u32) -> Result<f64> {
 }
 
 fn measure(o: &Options, kubectl: &Path, controller: &Path, n: usize) -> Result<Outcome> {
-    let label = controller.display().to_string();
+    let label = controller.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_else(|| controller.display().to_string());
     progress(format!("{n} jobs, {label}: starting a cluster in {}", o.cluster_dir.display()));
     let mut bench = Bench::up(&o.cluster_dir, kubectl)?;
     bench.kubectl_ok(&["apply", "-f", &repo_root().join("crds/streamjob.yaml").display().to_string()])?;
