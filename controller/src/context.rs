@@ -4,13 +4,12 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::Store;
 use kube::Client;
 
 use crate::desired::WorkerSettings;
 use crate::metrics::Metrics;
+use crate::pod_cache::PodCache;
 use crate::worker_api::WorkerApi;
 
 pub struct Context {
@@ -28,7 +27,7 @@ pub struct Context {
     pub superseded: Mutex<HashMap<String, String>>,
     /// The pods the operator watches (those with the job label), fed by the
     /// same watch that triggers reconciles; `None`: list them every time.
-    pub pods: Option<Store<Pod>>,
+    pub pods: Option<Arc<PodCache>>,
 }
 
 impl Context {
@@ -37,9 +36,9 @@ impl Context {
         Context { recorder: Recorder::new(client.clone(), reporter), client, workers, metrics, settings, tokens: Mutex::new(HashMap::new()), superseded: Mutex::new(HashMap::new()), pods: None }
     }
 
-    /// Reconciles read the job's pods from `store` when nothing is to be done.
-    pub fn with_pod_cache(mut self, store: Store<Pod>) -> Context {
-        self.pods = Some(store);
+    /// Reconciles read the job's pods from `cache` when nothing is to be done.
+    pub fn with_pod_cache(mut self, cache: Arc<PodCache>) -> Context {
+        self.pods = Some(cache);
         self
     }
 }

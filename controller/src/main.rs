@@ -8,13 +8,14 @@ use anyhow::Context as _;
 use clap::Parser;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::{reflector, watcher, Controller, WatchStreamExt};
+use kube::runtime::{watcher, Controller, WatchStreamExt};
 use kube::{Api, Client};
 use tracing::{error, info, warn};
 use weir_api::streamjob::StreamJob;
 use weir_controller::context::Context;
 use weir_controller::desired::WorkerSettings;
 use weir_controller::metrics::Metrics;
+use weir_controller::pod_cache::PodCache;
 use weir_controller::worker_api::HttpWorkerApi;
 use weir_controller::{names, reconcile, server};
 
@@ -100,13 +101,18 @@ async fn main() -> anyhow::Result<()> {
     // and triggers them (the cache is updated before the trigger fires). Only
     // what observing a pod needs is kept: metadata without managedFields, and
     // status.
-    let (pod_cache, pod_writer) = reflector::store();
+    let pod_cache = Arc::new(PodCache::default());
+    let cache = pod_cache.clone();
     let pod_events = watcher(pods, watcher::Config::default().labels(names::JOB_LABEL))
         .modify(|pod| {
             pod.spec = None;
             pod.metadata.managed_fields = None;
         })
-        .reflect(pod_writer)
+        .inspect(move |event| {
+            if let Ok(event) = event {
+                cache.apply(event);
+            }
+        })
         .touched_objects();
     let ctx = Arc::new(Context::new(client.clone(), Arc::new(HttpWorkerApi::new()?), metrics, settings, instance).with_pod_cache(pod_cache));
     let controller = Controller::new(jobs, watcher::Config::default())

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
-use futures::FutureExt;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event as KubeEvent, EventType};
 use kube::{Resource, ResourceExt};
@@ -116,15 +115,8 @@ async fn list_pods(ctx: &Context, ns: &str, job: &str) -> Result<Vec<PodView>> {
 /// triggered this reconcile (the same watch feeds both), but it may lag
 /// behind the pods this operator has just applied or deleted itself.
 fn cached_pods(ctx: &Context, ns: &str, job: &str) -> Option<Vec<PodView>> {
-    let store = ctx.pods.as_ref()?;
-    store.wait_until_ready().now_or_never()?.ok()?;
-    let mut views: Vec<PodView> = store
-        .state_filter(|p| p.metadata.namespace.as_deref() == Some(ns) && p.labels().get(names::JOB_LABEL).map(String::as_str) == Some(job))
-        .iter()
-        .map(|p| PodView::of(p))
-        .collect();
-    views.sort_by(|a, b| a.name.cmp(&b.name));
-    Some(views)
+    let pods = ctx.pods.as_ref()?.pods(ns, job)?;
+    Some(pods.iter().map(|p| PodView::of(p)).collect())
 }
 
 async fn observe(job: &StreamJob, ctx: &Context, ns: &str, pods: Vec<PodView>) -> Result<Observed> {
@@ -343,15 +335,13 @@ mod tests {
     use http::{Request, Response};
     use kube::client::Body;
     use kube::Client;
-
-    use kube::runtime::reflector::{self, Store};
     use kube::runtime::watcher;
 
     use super::*;
     use crate::desired::WorkerSettings;
-    use crate::testing;
     use crate::metrics::Metrics;
-    use crate::testing::JobBuilder;
+    use crate::pod_cache::PodCache;
+    use crate::testing::{self, JobBuilder};
     use crate::worker_api::HttpWorkerApi;
 
     type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
@@ -421,14 +411,14 @@ mod tests {
         (job, pods)
     }
 
-    fn pod_cache(pods: &[Pod]) -> Store<Pod> {
-        let (store, mut writer) = reflector::store();
-        writer.apply_watcher_event(&watcher::Event::Init);
+    fn pod_cache(pods: &[Pod]) -> Arc<PodCache> {
+        let cache = PodCache::default();
+        cache.apply(&watcher::Event::Init);
         for p in pods {
-            writer.apply_watcher_event(&watcher::Event::InitApply(p.clone()));
+            cache.apply(&watcher::Event::InitApply(p.clone()));
         }
-        writer.apply_watcher_event(&watcher::Event::InitDone);
-        store
+        cache.apply(&watcher::Event::InitDone);
+        Arc::new(cache)
     }
 
     fn context_with_pods(pods: &[Pod]) -> (Arc<Context>, Handle) {
