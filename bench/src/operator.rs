@@ -638,7 +638,7 @@ fn print_table(o: &Options, outs: &[Outcome]) {
     if several {
         print!(" controller |");
     }
-    println!(" created in | all handled after | jobs handled/s | reconciles (handling + steady) | stale skips | errors | handling p50 / p99 (mean) | steady p50 / p99 (mean) | steady reconciles/s | CPU s handling / steady | RSS steady (MiB) | RSS peak (MiB) |");
+    println!(" created in | all handled after (after the last create) | jobs handled/s | reconciles (handling + steady) | stale skips | errors | handling p50 / p99 (mean) | steady p50 / p99 (mean) | steady reconciles/s | CPU s handling / steady | RSS steady (MiB) | RSS peak (MiB) |");
     print!("|---|");
     if several {
         print!("---|");
@@ -650,9 +650,10 @@ fn print_table(o: &Options, outs: &[Outcome]) {
             print!(" {} |", r.controller);
         }
         println!(
-            " {:.1} s | {:.1} s | {:.1} | {} ({} + {}) | {} | {} | {} / {} ({}) | {} / {} ({}) | {:.1} | {:.1} / {:.1} | {:.1} | {:.1} |",
+            " {:.1} s | {:.1} s ({:.1} s) | {:.1} | {} ({} + {}) | {} | {} | {} / {} ({}) | {} / {} ({}) | {:.1} | {:.1} / {:.1} | {:.1} | {:.1} |",
             r.created_s,
             r.handled_s,
+            r.handled_s - r.created_s,
             r.jobs as f64 / r.handled_s,
             r.reconciles,
             r.handling.count(),
