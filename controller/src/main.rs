@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::{watcher, Controller, WatchStreamExt};
+use kube::runtime::{reflector, watcher, Controller, WatchStreamExt};
 use kube::{Api, Client};
 use tracing::{error, info, warn};
 use weir_api::streamjob::StreamJob;
@@ -114,8 +114,17 @@ async fn main() -> anyhow::Result<()> {
             }
         })
         .touched_objects();
+    // The jobs' cache without managedFields, which nothing here reads (the
+    // entries of kubectl, the operator's status and finalizer writes were
+    // about two thirds of the memory the cached StreamJobs took: heaptrack,
+    // 1000 jobs, 24 MB → 9 MB).
+    let (job_cache, job_writer) = reflector::store();
+    let job_events = watcher(jobs, watcher::Config::default())
+        .modify(|job| job.metadata.managed_fields = None)
+        .reflect(job_writer)
+        .applied_objects();
     let ctx = Arc::new(Context::new(client.clone(), Arc::new(HttpWorkerApi::new()?), metrics, settings, instance).with_pod_cache(pod_cache));
-    let controller = Controller::new(jobs, watcher::Config::default())
+    let controller = Controller::for_stream(job_events, job_cache)
         .owns_stream(pod_events)
         .shutdown_on_signal()
         .run(reconcile::reconcile, reconcile::error_policy, ctx)
