@@ -6,6 +6,11 @@
 //! Pipeline: generator (rate 0) → key_by key → running_count → blackhole.
 //!
 //! Usage: weir-bench [--events N] [--rounds R] [--weir PATH]
+//!
+//! `weir-bench recovery` times recovery after a worker kill; `weir-bench
+//! operator` measures the operator (see `operator.rs`).
+
+mod operator;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -35,10 +40,15 @@ fn weir_binary(arg: Option<String>) -> Result<PathBuf> {
     if let Some(p) = arg.or_else(|| std::env::var("WEIR_BIN").ok()) {
         return Ok(PathBuf::from(p));
     }
+    target_binary("weir", "cargo build --release -p weir-runtime` or pass `--weir PATH")
+}
+
+/// A binary of this workspace's release build.
+fn target_binary(name: &str, build: &str) -> Result<PathBuf> {
     let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let p = target.join("release/weir");
+    let p = target.join("release").join(name);
     if !p.exists() {
-        bail!("{} does not exist: build it with `cargo build --release -p weir-runtime` or pass --weir PATH", p.display());
+        bail!("{} does not exist: build it with `{build}`", p.display());
     }
     Ok(p)
 }
@@ -158,7 +168,14 @@ fn main() -> Result<()> {
     let mut weir = None;
     let mut mode_recovery = false;
     let mut interval = "500ms".to_string();
-    let mut args = std::env::args().skip(1);
+    let mut args = std::env::args().skip(1).peekable();
+    if args.peek().map(String::as_str) == Some("operator") {
+        args.next();
+        return match operator::parse(args)? {
+            Some(o) => operator::run(&o),
+            None => Ok(()),
+        };
+    }
     while let Some(a) = args.next() {
         match a.as_str() {
             "--events" => events = args.next().context("--events N")?.parse()?,
@@ -168,7 +185,7 @@ fn main() -> Result<()> {
             "recovery" => mode_recovery = true,
             "--interval" => interval = args.next().context("--interval DURATION")?,
             "-h" | "--help" => {
-                println!("weir-bench: throughput of generator -> key_by -> running_count -> blackhole\nweir-bench recovery: time from a worker kill to the restored run's first completed checkpoint\n\nOptions:\n  --interval D     checkpoint interval for `recovery` (default 500ms); --rounds is the number of kills\n  --events N       events per run (default 20000000)\n  --rounds R       runs per configuration; medians are reported (default 3)\n  --batch-size N   generator batch size (default 1024)\n  --weir PATH      the weir binary (default: $CARGO_TARGET_DIR/release/weir)");
+                println!("weir-bench: throughput of generator -> key_by -> running_count -> blackhole\nweir-bench recovery: time from a worker kill to the restored run's first completed checkpoint\nweir-bench operator: the operator's memory and reconcile latency with many StreamJobs (see weir-bench operator --help)\n\nOptions:\n  --interval D     checkpoint interval for `recovery` (default 500ms); --rounds is the number of kills\n  --events N       events per run (default 20000000)\n  --rounds R       runs per configuration; medians are reported (default 3)\n  --batch-size N   generator batch size (default 1024)\n  --weir PATH      the weir binary (default: $CARGO_TARGET_DIR/release/weir)");
                 return Ok(());
             }
             other => bail!("unknown argument {other}; see --help"),

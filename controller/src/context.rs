@@ -9,6 +9,7 @@ use kube::Client;
 
 use crate::desired::WorkerSettings;
 use crate::metrics::Metrics;
+use crate::pod_cache::PodCache;
 use crate::worker_api::WorkerApi;
 
 pub struct Context {
@@ -19,11 +20,25 @@ pub struct Context {
     pub settings: WorkerSettings,
     /// Control tokens by StreamJob uid, read from their Secrets once.
     pub tokens: Mutex<HashMap<String, String>>,
+    /// By StreamJob uid: the resourceVersion this operator last read and then
+    /// changed (finalizer or status). While the watch still shows exactly that
+    /// version, the object a reconcile gets is older than the operator's own
+    /// write (see [`crate::reconcile`]).
+    pub superseded: Mutex<HashMap<String, String>>,
+    /// The pods the operator watches (those with the job label), fed by the
+    /// same watch that triggers reconciles; `None`: list them every time.
+    pub pods: Option<Arc<PodCache>>,
 }
 
 impl Context {
     pub fn new(client: Client, workers: Arc<dyn WorkerApi>, metrics: Arc<Metrics>, settings: WorkerSettings, instance: Option<String>) -> Context {
         let reporter = Reporter { controller: crate::FIELD_MANAGER.into(), instance };
-        Context { recorder: Recorder::new(client.clone(), reporter), client, workers, metrics, settings, tokens: Mutex::new(HashMap::new()) }
+        Context { recorder: Recorder::new(client.clone(), reporter), client, workers, metrics, settings, tokens: Mutex::new(HashMap::new()), superseded: Mutex::new(HashMap::new()), pods: None }
+    }
+
+    /// Reconciles read the job's pods from `cache` when nothing is to be done.
+    pub fn with_pod_cache(mut self, cache: Arc<PodCache>) -> Context {
+        self.pods = Some(cache);
+        self
     }
 }

@@ -24,6 +24,7 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod names;
 pub mod observe;
+pub mod pod_cache;
 pub mod reconcile;
 pub mod server;
 pub mod spec_hash;

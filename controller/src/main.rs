@@ -8,13 +8,14 @@ use anyhow::Context as _;
 use clap::Parser;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::{watcher, Controller};
+use kube::runtime::{reflector, watcher, Controller, WatchStreamExt};
 use kube::{Api, Client};
 use tracing::{error, info, warn};
 use weir_api::streamjob::StreamJob;
 use weir_controller::context::Context;
 use weir_controller::desired::WorkerSettings;
 use weir_controller::metrics::Metrics;
+use weir_controller::pod_cache::PodCache;
 use weir_controller::worker_api::HttpWorkerApi;
 use weir_controller::{names, reconcile, server};
 
@@ -96,9 +97,35 @@ async fn main() -> anyhow::Result<()> {
     };
     let instance = std::env::var("POD_NAME").ok();
     let settings = WorkerSettings { service_account: cli.worker_service_account.clone() };
-    let ctx = Arc::new(Context::new(client.clone(), Arc::new(HttpWorkerApi::new()?), metrics, settings, instance));
-    let controller = Controller::new(jobs, watcher::Config::default())
-        .owns(pods, watcher::Config::default().labels(names::JOB_LABEL))
+    // One watch of the jobs' pods both fills the pod cache reconciles read
+    // and triggers them (the cache is updated before the trigger fires). Only
+    // what observing a pod needs is kept: metadata without managedFields, and
+    // status.
+    let pod_cache = Arc::new(PodCache::default());
+    let cache = pod_cache.clone();
+    let pod_events = watcher(pods, watcher::Config::default().labels(names::JOB_LABEL))
+        .modify(|pod| {
+            pod.spec = None;
+            pod.metadata.managed_fields = None;
+        })
+        .inspect(move |event| {
+            if let Ok(event) = event {
+                cache.apply(event);
+            }
+        })
+        .touched_objects();
+    // The jobs' cache without managedFields, which nothing here reads (the
+    // entries of kubectl, the operator's status and finalizer writes were
+    // about two thirds of the memory the cached StreamJobs took: heaptrack,
+    // 1000 jobs, 24 MB → 9 MB).
+    let (job_cache, job_writer) = reflector::store();
+    let job_events = watcher(jobs, watcher::Config::default())
+        .modify(|job| job.metadata.managed_fields = None)
+        .reflect(job_writer)
+        .applied_objects();
+    let ctx = Arc::new(Context::new(client.clone(), Arc::new(HttpWorkerApi::new()?), metrics, settings, instance).with_pod_cache(pod_cache));
+    let controller = Controller::for_stream(job_events, job_cache)
+        .owns_stream(pod_events)
         .shutdown_on_signal()
         .run(reconcile::reconcile, reconcile::error_policy, ctx)
         .for_each(|r| async move {

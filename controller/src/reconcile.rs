@@ -23,8 +23,22 @@ use crate::names;
 use crate::observe::{Observed, PodView, RunHealth};
 use crate::FIELD_MANAGER;
 
+/// How soon a reconcile skipped for a stale object looks again, should the
+/// watch event of the operator's own write be slower than that (it normally
+/// triggers the next reconcile itself).
+const STALE_RETRY: Duration = Duration::from_secs(1);
+
 #[instrument(skip_all, fields(job = %job.name_any(), namespace = job.namespace().unwrap_or_default()))]
 pub async fn reconcile(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Action> {
+    if is_superseded(&job, &ctx) {
+        // The watch has not delivered this operator's own last write yet.
+        // Deciding on the older object would decide again what was already
+        // decided and written (a second status write, event and set of
+        // applies); the watch event of the write triggers the next reconcile.
+        debug!("the cached StreamJob predates this operator's last write; waiting for the watch");
+        ctx.metrics.skipped_stale();
+        return Ok(Action::requeue(STALE_RETRY));
+    }
     let started = Instant::now();
     let result = reconcile_inner(&job, &ctx).await;
     ctx.metrics.reconciled(started.elapsed(), result.as_ref().err());
@@ -44,15 +58,33 @@ async fn reconcile_inner(job: &StreamJob, ctx: &Context) -> Result<Action> {
         // The finalizer first: a job must never have pods the operator could not
         // take a final savepoint of.
         let patch = serde_json::json!({"metadata": {"finalizers": [names::FINALIZER]}});
-        jobs.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(Error::kube("adding the finalizer"))?;
+        let patched = jobs.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(Error::kube("adding the finalizer"))?;
+        wrote(job, &patched, ctx);
         return Ok(Action::requeue(Duration::ZERO));
     }
 
-    let observed = observe(job, ctx, &ns).await?;
-    let decision = lifecycle::decide(job, &observed);
+    // The pods from the operator's pod watch when it has them; a decision
+    // that would write or act is made on a consistent list, as without it.
+    let cached = cached_pods(ctx, &ns, &name);
+    let from_cache = cached.is_some();
+    let pods = match cached {
+        Some(pods) => pods,
+        None => list_pods(ctx, &ns, &name).await?,
+    };
+    let mut observed = observe(job, ctx, &ns, pods).await?;
+    let mut decision = lifecycle::decide(job, &observed);
     let old = job.status.clone().unwrap_or_default();
+    if from_cache && !quiet(&decision, &old) {
+        let listed = list_pods(ctx, &ns, &name).await?;
+        if listed != observed.pods {
+            debug!("the pod watch was behind the API server; deciding on the listed pods");
+            observed = observe(job, ctx, &ns, listed).await?;
+            decision = lifecycle::decide(job, &observed);
+        }
+    }
     if decision.status != old {
-        write_status(&jobs, &name, &decision.status).await?;
+        let written = write_status(&jobs, &name, &decision.status).await?;
+        wrote(job, &written, ctx);
     }
     if let Some((from, to, spent)) = &decision.transition {
         info!(from = ?from, to = ?to, spent_ms = spent.as_millis() as u64, message = decision.status.message.as_deref().unwrap_or(""), "phase changed");
@@ -64,14 +96,32 @@ async fn reconcile_inner(job: &StreamJob, ctx: &Context) -> Result<Action> {
     Ok(Action::requeue(decision.requeue))
 }
 
-async fn observe(job: &StreamJob, ctx: &Context, ns: &str) -> Result<Observed> {
+/// A decision that neither writes, acts, publishes nor changes the phase.
+fn quiet(decision: &Decision, old: &StreamJobStatus) -> bool {
+    decision.status == *old && decision.effects.is_empty() && decision.notes.is_empty() && decision.transition.is_none()
+}
+
+/// The job's pods as the API server lists them (a consistent read), by name.
+async fn list_pods(ctx: &Context, ns: &str, job: &str) -> Result<Vec<PodView>> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let list = pods
-        .list(&ListParams::default().labels(&names::job_selector(&job.name_any())))
-        .await
-        .map_err(Error::kube("listing the job's pods"))?;
+    let list = pods.list(&ListParams::default().labels(&names::job_selector(job))).await.map_err(Error::kube("listing the job's pods"))?;
+    let mut views: Vec<PodView> = list.items.iter().map(PodView::of).collect();
+    views.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(views)
+}
+
+/// The job's pods from the operator's pod watch, by name; `None` without a
+/// pod cache or before its first list. At least as new as the pod event that
+/// triggered this reconcile (the same watch feeds both), but it may lag
+/// behind the pods this operator has just applied or deleted itself.
+fn cached_pods(ctx: &Context, ns: &str, job: &str) -> Option<Vec<PodView>> {
+    let pods = ctx.pods.as_ref()?.pods(ns, job)?;
+    Some(pods.iter().map(|p| PodView::of(p)).collect())
+}
+
+async fn observe(job: &StreamJob, ctx: &Context, ns: &str, pods: Vec<PodView>) -> Result<Observed> {
     let mut observed = Observed::at(jiff::Timestamp::now());
-    observed.pods = list.items.iter().map(PodView::of).collect();
+    observed.pods = pods;
     let status = job.status.clone().unwrap_or_default();
     let Some(run) = &status.run else { return Ok(observed) };
     let RunHealth::Running { ips } = observed.health(run) else { return Ok(observed) };
@@ -96,7 +146,7 @@ async fn observe(job: &StreamJob, ctx: &Context, ns: &str) -> Result<Observed> {
     Ok(observed)
 }
 
-async fn write_status(jobs: &Api<StreamJob>, name: &str, status: &StreamJobStatus) -> Result<()> {
+async fn write_status(jobs: &Api<StreamJob>, name: &str, status: &StreamJobStatus) -> Result<StreamJob> {
     let patch = serde_json::json!({
         "apiVersion": "weir.dev/v1alpha1",
         "kind": "StreamJob",
@@ -104,8 +154,34 @@ async fn write_status(jobs: &Api<StreamJob>, name: &str, status: &StreamJobStatu
     });
     jobs.patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
         .await
-        .map_err(Error::kube("writing the status"))?;
-    Ok(())
+        .map_err(Error::kube("writing the status"))
+}
+
+/// Records that `read` was changed into `written` by this operator, unless the
+/// write changed nothing (same resourceVersion).
+fn wrote(read: &StreamJob, written: &StreamJob, ctx: &Context) {
+    let (Some(uid), Some(before), Some(after)) = (read.uid(), read.resource_version(), written.resource_version()) else { return };
+    if before != after {
+        if let Ok(mut m) = ctx.superseded.lock() {
+            m.insert(uid, before);
+        }
+    }
+}
+
+/// Whether `job` is exactly the version this operator last changed, i.e. the
+/// watch has not shown the change yet. Any other version (the write, or
+/// anything after it, or a relist) ends the wait.
+fn is_superseded(job: &StreamJob, ctx: &Context) -> bool {
+    let (Some(uid), Some(rv)) = (job.uid(), job.resource_version()) else { return false };
+    let Ok(mut m) = ctx.superseded.lock() else { return false };
+    match m.get(&uid) {
+        Some(old) if *old == rv => true,
+        Some(_) => {
+            m.remove(&uid);
+            false
+        }
+        None => false,
+    }
 }
 
 async fn publish(ctx: &Context, job: &StreamJob, decision: &Decision) {
@@ -168,6 +244,9 @@ async fn act(job: &StreamJob, ctx: &Context, ns: &str, decision: &Decision) -> R
                     }
                 }
                 ctx.metrics.forget(job);
+                if let (Some(uid), Ok(mut m)) = (job.uid(), ctx.superseded.lock()) {
+                    m.remove(&uid);
+                }
             }
         }
     }
@@ -249,4 +328,144 @@ async fn token(job: &StreamJob, ctx: &Context, ns: &str) -> Result<String> {
 pub fn error_policy(job: Arc<StreamJob>, error: &Error, _ctx: Arc<Context>) -> Action {
     warn!(job = %job.name_any(), error = %error, "reconcile failed; retrying");
     Action::requeue(Duration::from_secs(2))
+}
+
+#[cfg(test)]
+mod tests {
+    use http::{Request, Response};
+    use kube::client::Body;
+    use kube::Client;
+    use kube::runtime::watcher;
+
+    use super::*;
+    use crate::desired::WorkerSettings;
+    use crate::metrics::Metrics;
+    use crate::pod_cache::PodCache;
+    use crate::testing::{self, JobBuilder};
+    use crate::worker_api::HttpWorkerApi;
+
+    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+    fn context() -> (Arc<Context>, Handle) {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(service, "jobs");
+        let ctx = Context::new(client, Arc::new(HttpWorkerApi::new().unwrap()), Arc::new(Metrics::new()), WorkerSettings::default(), None);
+        (Arc::new(ctx), handle)
+    }
+
+    fn job(resource_version: &str, finalizer: bool) -> StreamJob {
+        let mut j = JobBuilder::new("j").build();
+        j.metadata.resource_version = Some(resource_version.into());
+        if !finalizer {
+            j.metadata.finalizers = None;
+        }
+        j
+    }
+
+    async fn answer(handle: &mut Handle, method: &str, path: &str, body: &StreamJob) {
+        let (req, send) = handle.next_request().await.expect("a request");
+        assert_eq!((req.method().as_str(), req.uri().path()), (method, path));
+        send.send_response(Response::builder().status(200).body(Body::from(serde_json::to_vec(body).unwrap())).unwrap());
+    }
+
+    #[tokio::test]
+    async fn the_version_the_operator_just_changed_is_not_reconciled_again_until_the_watch_shows_the_change() {
+        let (ctx, mut handle) = context();
+        // Version 7 has no finalizer: the reconcile adds it, making version 8.
+        let server = tokio::spawn(async move {
+            answer(&mut handle, "PATCH", "/apis/weir.dev/v1alpha1/namespaces/jobs/streamjobs/j", &job("8", true)).await;
+            handle
+        });
+        reconcile(Arc::new(job("7", false)), ctx.clone()).await.unwrap();
+        let mut handle = server.await.unwrap();
+
+        // The watch still shows version 7: no request, a look again soon.
+        let action = reconcile(Arc::new(job("7", false)), ctx.clone()).await.unwrap();
+        assert_eq!(action, Action::requeue(STALE_RETRY));
+        assert!(futures::poll!(Box::pin(handle.next_request())).is_pending(), "nothing decided on the stale version");
+        assert!(ctx.metrics.encode().contains("weir_operator_reconciles_skipped_stale_total 1"));
+
+        // Version 8 arrives: reconciled as usual (it lists the job's pods first).
+        let server = tokio::spawn(async move {
+            let (req, _send) = handle.next_request().await.expect("a request");
+            assert_eq!((req.method().as_str(), req.uri().path()), ("GET", "/api/v1/namespaces/jobs/pods"));
+        });
+        let _ = tokio::time::timeout(Duration::from_millis(200), reconcile(Arc::new(job("8", true)), ctx.clone())).await;
+        server.await.unwrap();
+        assert!(ctx.superseded.lock().unwrap().is_empty(), "the newer version ends the wait");
+    }
+
+    /// A job in Deploying whose two pods are Pending, with the status the
+    /// lifecycle keeps for it: deciding again on these pods changes nothing.
+    fn pending_job_and_pods() -> (StreamJob, Vec<Pod>) {
+        let pods = vec![testing::pod("j", "01234567-1", 0, "Pending", None), testing::pod("j", "01234567-1", 1, "Pending", None)];
+        let mut job = job("9", true);
+        let mut obs = Observed::at(jiff::Timestamp::now());
+        obs.pods = pods.iter().map(PodView::of).collect();
+        for _ in 0..4 {
+            job.status = Some(lifecycle::decide(&job, &obs).status);
+        }
+        let again = lifecycle::decide(&job, &obs);
+        assert!(quiet(&again, job.status.as_ref().unwrap()), "a fixed point: {again:?}");
+        assert_eq!(job.status.as_ref().unwrap().run.as_ref().map(|r| r.pods_created), Some(true));
+        (job, pods)
+    }
+
+    fn pod_cache(pods: &[Pod]) -> Arc<PodCache> {
+        let cache = PodCache::default();
+        cache.apply(&watcher::Event::Init);
+        for p in pods {
+            cache.apply(&watcher::Event::InitApply(p.clone()));
+        }
+        cache.apply(&watcher::Event::InitDone);
+        Arc::new(cache)
+    }
+
+    fn context_with_pods(pods: &[Pod]) -> (Arc<Context>, Handle) {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(service, "jobs");
+        let ctx = Context::new(client, Arc::new(HttpWorkerApi::new().unwrap()), Arc::new(Metrics::new()), WorkerSettings::default(), None).with_pod_cache(pod_cache(pods));
+        (Arc::new(ctx), handle)
+    }
+
+    #[tokio::test]
+    async fn with_the_pods_in_the_cache_a_reconcile_with_nothing_to_do_makes_no_request() {
+        let (job, pods) = pending_job_and_pods();
+        let (ctx, mut handle) = context_with_pods(&pods);
+        let action = reconcile(Arc::new(job), ctx).await.unwrap();
+        assert_eq!(action, Action::requeue(Duration::from_secs(5)), "waiting for the pods");
+        assert!(futures::poll!(Box::pin(handle.next_request())).is_pending(), "no list, no write");
+    }
+
+    #[tokio::test]
+    async fn a_cache_behind_the_api_server_never_decides_an_action_the_listed_pods_decide() {
+        let (job, pods) = pending_job_and_pods();
+        // The watch has not shown the pods yet: from the cache alone the run's
+        // pods would be missing (a failure and a restart).
+        let (ctx, mut handle) = context_with_pods(&[]);
+        let listed = serde_json::json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": pods});
+        let server = tokio::spawn(async move {
+            let (req, send) = handle.next_request().await.expect("a request");
+            assert_eq!((req.method().as_str(), req.uri().path()), ("GET", "/api/v1/namespaces/jobs/pods"));
+            send.send_response(Response::builder().status(200).body(Body::from(serde_json::to_vec(&listed).unwrap())).unwrap());
+            handle
+        });
+        let action = reconcile(Arc::new(job), ctx).await.unwrap();
+        let mut handle = server.await.unwrap();
+        assert_eq!(action, Action::requeue(Duration::from_secs(5)), "the listed pods are Pending: still waiting");
+        assert!(futures::poll!(Box::pin(handle.next_request())).is_pending(), "no status write, no restart");
+    }
+
+    #[tokio::test]
+    async fn a_write_that_changed_nothing_does_not_hold_the_next_reconcile() {
+        let (ctx, mut handle) = context();
+        let server = tokio::spawn(async move {
+            // The API server answers with the same version: nothing changed.
+            answer(&mut handle, "PATCH", "/apis/weir.dev/v1alpha1/namespaces/jobs/streamjobs/j", &job("7", true)).await;
+            handle
+        });
+        reconcile(Arc::new(job("7", false)), ctx.clone()).await.unwrap();
+        server.await.unwrap();
+        assert!(ctx.superseded.lock().unwrap().is_empty());
+    }
 }
