@@ -135,7 +135,7 @@ async fn main() -> anyhow::Result<()> {
         });
     match leadership {
         None => controller.await,
-        Some((mut rx, _task)) => {
+        Some((mut rx, task)) => {
             tokio::select! {
                 _ = controller => {}
                 _ = async { while rx.changed().await.is_ok() { if !*rx.borrow() { break; } } } => {
@@ -143,6 +143,17 @@ async fn main() -> anyhow::Result<()> {
                     warn!("lost the leader lease; exiting so that the new leader alone acts");
                     std::process::exit(1);
                 }
+            }
+            // Stopped by a signal (a rolling update, a deleted pod): closing the
+            // channel makes the lease task release the lease, so that a standby
+            // replica takes over now instead of after the lease expires. The
+            // controller has stopped, so nothing here acts any more.
+            drop(rx);
+            match tokio::time::timeout(std::time::Duration::from_secs(5), task).await {
+                Ok(Ok(Ok(_))) => info!("released the leader lease"),
+                Ok(Ok(Err(e))) => warn!(error = %e, "could not release the leader lease; it expires by itself"),
+                Ok(Err(e)) => warn!(error = %e, "the leader lease task failed; the lease expires by itself"),
+                Err(_) => warn!("releasing the leader lease took over 5 s; it expires by itself"),
             }
         }
     }
