@@ -209,12 +209,16 @@ async fn act(job: &StreamJob, ctx: &Context, ns: &str, decision: &Decision) -> R
             Effect::DeleteAllPods => delete_pods(job, ctx, ns, None).await?,
             Effect::SendMembership { membership, workers } => {
                 let token = token(job, ctx, ns).await?;
-                for w in workers {
-                    if let Err(e) = ctx.workers.put_membership(*w, &token, membership).await {
-                        // Not started listening yet: the next reconcile sends again.
-                        debug!(worker = %w, error = %e, "membership not delivered yet");
+                let sent = workers.iter().map(|w| {
+                    let token = &token;
+                    async move {
+                        if let Err(e) = ctx.workers.put_membership(*w, token, membership).await {
+                            // Not started listening yet: the next reconcile sends again.
+                            debug!(worker = %w, error = %e, "membership not delivered yet");
+                        }
                     }
-                }
+                });
+                futures::future::join_all(sent).await;
             }
             Effect::RequestSavepoint { api, request_id, stop } => {
                 let token = token(job, ctx, ns).await?;
@@ -256,22 +260,30 @@ async fn act(job: &StreamJob, ctx: &Context, ns: &str, decision: &Decision) -> R
 async fn create_run(job: &StreamJob, ctx: &Context, ns: &str, status: &StreamJobStatus) -> Result<()> {
     let Some(run) = &status.run else { return Ok(()) };
     let apply = PatchParams::apply(FIELD_MANAGER).force();
-    token(job, ctx, ns).await?;
+    // Every object is built before any is sent: a spec that cannot be built
+    // creates nothing.
     let cm = desired::pipeline_config_map(job)?;
-    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(ctx.client.clone(), ns)
-        .patch(&cm.name_any(), &apply, &Patch::Apply(&cm))
-        .await
-        .map_err(Error::kube("applying the pipeline ConfigMap"))?;
     let svc = desired::workers_service(job)?;
-    Api::<k8s_openapi::api::core::v1::Service>::namespaced(ctx.client.clone(), ns)
-        .patch(&svc.name_any(), &apply, &Patch::Apply(&svc))
-        .await
-        .map_err(Error::kube("applying the workers Service"))?;
+    let wanted: Vec<Pod> = (0..run.workers.max(0) as u32).map(|index| desired::worker_pod(job, run, index, &ctx.settings)).collect::<Result<_>>()?;
+    // A worker needs its token (env from the Secret) and its pipeline (the
+    // ConfigMap volume) to start, so those exist before any pod; apart from
+    // that nothing depends on anything, and each round trip to the API server
+    // is what a new run waits on (recovery, upgrade), so the requests of a
+    // round go out together.
+    let config_maps = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(ctx.client.clone(), ns);
+    let services = Api::<k8s_openapi::api::core::v1::Service>::namespaced(ctx.client.clone(), ns);
+    futures::try_join!(
+        token(job, ctx, ns),
+        async { config_maps.patch(&cm.name_any(), &apply, &Patch::Apply(&cm)).await.map_err(Error::kube("applying the pipeline ConfigMap")) },
+        async { services.patch(&svc.name_any(), &apply, &Patch::Apply(&svc)).await.map_err(Error::kube("applying the workers Service")) },
+    )?;
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    for index in 0..run.workers.max(0) as u32 {
-        let pod = desired::worker_pod(job, run, index, &ctx.settings)?;
-        pods.patch(&pod.name_any(), &apply, &Patch::Apply(&pod)).await.map_err(Error::kube(format!("applying pod {}", pod.name_any())))?;
-    }
+    futures::future::try_join_all(wanted.iter().map(|pod| {
+        let pods = &pods;
+        let apply = &apply;
+        async move { pods.patch(&pod.name_any(), apply, &Patch::Apply(pod)).await.map_err(Error::kube(format!("applying pod {}", pod.name_any()))) }
+    }))
+    .await?;
     info!(run = %run.id, workers = run.workers, restore = run.restore_from.as_deref().unwrap_or("none"), "created the run's pods");
     Ok(())
 }
@@ -283,17 +295,25 @@ async fn delete_pods(job: &StreamJob, ctx: &Context, ns: &str, keep_run: Option<
         .list(&ListParams::default().labels(&names::job_selector(&job.name_any())))
         .await
         .map_err(Error::kube("listing the job's pods"))?;
-    for pod in list.items {
+    let doomed = list.items.iter().filter(|pod| {
         let run = pod.labels().get(names::RUN_LABEL).map(String::as_str);
-        if keep_run.is_some() && run == keep_run || pod.meta().deletion_timestamp.is_some() {
-            continue;
+        !(keep_run.is_some() && run == keep_run || pod.meta().deletion_timestamp.is_some())
+    });
+    // All at once: the next run waits until every one of them is gone.
+    futures::future::try_join_all(doomed.map(|pod| {
+        let pods = &pods;
+        async move {
+            match pods.delete(&pod.name_any(), &DeleteParams::default()).await {
+                Ok(_) => {
+                    info!(pod = %pod.name_any(), "deleted a pod");
+                    Ok(())
+                }
+                Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+                Err(e) => Err(Error::kube(format!("deleting pod {}", pod.name_any()))(e)),
+            }
         }
-        match pods.delete(&pod.name_any(), &DeleteParams::default()).await {
-            Ok(_) => info!(pod = %pod.name_any(), "deleted a pod"),
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => return Err(Error::kube(format!("deleting pod {}", pod.name_any()))(e)),
-        }
-    }
+    }))
+    .await?;
     Ok(())
 }
 

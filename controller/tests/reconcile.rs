@@ -116,8 +116,20 @@ async fn status_says_deploying_before_any_pod_is_created() {
     assert!(futures::poll!(Box::pin(handle.next_request())).is_pending(), "no object is created in the step that decides the run");
 }
 
+/// The next request, answered by `answer(method, path)` (status, body);
+/// returns method, path and the body sent.
+async fn next(handle: &mut Handle, answer: impl Fn(&str, &str) -> (u16, Value)) -> (String, String, Value) {
+    let (req, send) = handle.next_request().await.expect("the reconciler made no further request");
+    let (method, path) = (req.method().to_string(), req.uri().path().to_string());
+    let body = req.into_body().collect_bytes().await.unwrap();
+    let sent: Value = if body.is_empty() { Value::Null } else { serde_json::from_slice(&body).unwrap() };
+    let (code, body) = answer(&method, &path);
+    send.send_response(Response::builder().status(code).body(Body::from(serde_json::to_vec(&body).unwrap())).unwrap());
+    (method, path, sent)
+}
+
 #[tokio::test]
-async fn the_run_is_marked_created_in_status_then_token_pipeline_service_and_pods_are_applied() {
+async fn the_run_is_marked_created_in_status_then_token_pipeline_and_service_then_the_pods_are_applied() {
     let (ctx, mut handle) = context();
     let status = json!({
         "phase": "Deploying",
@@ -129,21 +141,44 @@ async fn the_run_is_marked_created_in_status_then_token_pipeline_service_and_pod
         expect(&mut handle, "GET", "/api/v1/namespaces/jobs/pods", 200, empty_pods()).await;
         let sent = expect(&mut handle, "PATCH", "/streamjobs/j/status", 200, serde_json::to_value(job(true, None)).unwrap()).await;
         assert_eq!(sent["status"]["run"]["podsCreated"], true, "status first");
-        expect(&mut handle, "GET", "/api/v1/namespaces/jobs/secrets/j-control-token", 404, json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"})).await;
-        let secret = expect(&mut handle, "PATCH", "/api/v1/namespaces/jobs/secrets/j-control-token", 200, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "j-control-token"}})).await;
-        assert_eq!(secret["metadata"]["ownerReferences"][0]["kind"], "StreamJob");
-        let cm = expect(&mut handle, "PATCH", "/api/v1/namespaces/jobs/configmaps/j-pipeline", 200, json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "j-pipeline"}})).await;
-        assert!(cm["data"]["pipeline.yaml"].as_str().unwrap().contains("parallelism: 2"));
-        expect(&mut handle, "PATCH", "/api/v1/namespaces/jobs/services/j-workers", 200, json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "j-workers"}})).await;
+        // Then the token Secret (read, then created), the pipeline ConfigMap,
+        // the Service and the two pods, in whatever order the operator sends
+        // them, answered as they come.
+        let answer = |method: &str, path: &str| -> (u16, Value) {
+            let name = path.rsplit('/').next().unwrap_or_default().to_string();
+            if method == "GET" {
+                (404, json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}))
+            } else {
+                let kind = match path.split('/').rev().nth(1) {
+                    Some("secrets") => "Secret",
+                    Some("configmaps") => "ConfigMap",
+                    Some("services") => "Service",
+                    _ => "Pod",
+                };
+                (200, json!({"apiVersion": "v1", "kind": kind, "metadata": {"name": name}}))
+            }
+        };
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            seen.push(next(&mut handle, answer).await);
+        }
+        let at = |method: &str, path: &str| {
+            seen.iter().position(|(m, p, _)| m == method && p == &format!("/api/v1/namespaces/jobs/{path}")).unwrap_or_else(|| panic!("no {method} {path} in {:?}", seen.iter().map(|(m, p, _)| format!("{m} {p}")).collect::<Vec<_>>()))
+        };
+        let (secret, cm, svc) = (at("PATCH", "secrets/j-control-token"), at("PATCH", "configmaps/j-pipeline"), at("PATCH", "services/j-workers"));
+        assert!(at("GET", "secrets/j-control-token") < secret, "an existing token is reused, so it is read first");
+        assert_eq!(seen[secret].2["metadata"]["ownerReferences"][0]["kind"], "StreamJob");
+        assert!(seen[cm].2["data"]["pipeline.yaml"].as_str().unwrap().contains("parallelism: 2"));
         for i in 0..2 {
-            let pod = expect(&mut handle, "PATCH", &format!("/api/v1/namespaces/jobs/pods/j-1-{i}"), 200, json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": format!("j-1-{i}")}})).await;
-            assert_eq!(pod["metadata"]["labels"]["weir.dev/run"], "01234567-1");
+            let pod = at("PATCH", &format!("pods/j-1-{i}"));
+            assert!(pod > secret && pod > cm && pod > svc, "pod {i} was applied before its token, pipeline or Service");
+            assert_eq!(seen[pod].2["metadata"]["labels"]["weir.dev/run"], "01234567-1");
         }
         handle
     });
     weir_controller::reconcile::reconcile(Arc::new(j), ctx).await.unwrap();
     let mut handle = server.await.unwrap();
-    assert!(futures::poll!(Box::pin(handle.next_request())).is_pending());
+    assert!(futures::poll!(Box::pin(handle.next_request())).is_pending(), "nothing else");
 }
 
 #[tokio::test]
