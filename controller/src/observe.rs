@@ -16,20 +16,26 @@ use crate::names::{RUN_LABEL, WORKER_LABEL};
 pub const EXIT_FATAL: i32 = 3;
 
 /// Waiting reasons that mean a container will not start without a change.
-const START_FAILURES: &[&str] = &[
-    "ErrImagePull",
-    "ImagePullBackOff",
-    "InvalidImageName",
-    "CreateContainerConfigError",
-    "CreateContainerError",
-    "CrashLoopBackOff",
-];
+const START_FAILURES: &[&str] = &["InvalidImageName", "ErrImageNeverPull", "CrashLoopBackOff"];
+
+/// Waiting reasons the kubelet keeps retrying, which often pass by
+/// themselves: a registry that did not answer, a Secret or ConfigMap the pod
+/// reads that was not there yet or could not be read. A pod waiting for one
+/// of these is a failure only once it has waited [`START_GRACE`]; before
+/// that, restarting the whole job would cost more than the wait.
+const START_TROUBLE: &[&str] = &["ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError", "CreateContainerError"];
+
+/// How long a worker pod may be stuck on a [`START_TROUBLE`] reason, counted
+/// from the pod's creation, before its run counts as failed.
+pub const START_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum PodState {
     /// Not running yet; the reason when the pod says one (e.g. Unschedulable).
     Pending { reason: Option<String> },
     Running,
+    /// Not started, for a reason the kubelet retries (see [`START_TROUBLE`]).
+    Stuck { reason: String },
     Succeeded,
     Failed { reason: String, exit_code: Option<i32> },
     /// Being deleted (by someone, or evicted).
@@ -43,6 +49,8 @@ pub struct PodView {
     pub index: Option<u32>,
     pub ip: Option<IpAddr>,
     pub state: PodState,
+    /// The pod's creationTimestamp.
+    pub created: Option<Timestamp>,
 }
 
 impl PodView {
@@ -71,6 +79,12 @@ impl PodView {
                         reason: w.reason.clone().unwrap_or_default(),
                         exit_code: None,
                     },
+                    (Some(w), _) if w.reason.as_deref().is_some_and(|r| START_TROUBLE.contains(&r)) => PodState::Stuck {
+                        reason: match &w.message {
+                            Some(m) => format!("{}: {m}", w.reason.as_deref().unwrap_or_default()),
+                            None => w.reason.clone().unwrap_or_default(),
+                        },
+                    },
                     // restartPolicy Never: a terminated container ends the pod; the
                     // phase may lag behind the container state.
                     (_, Some(t)) if t.exit_code == 0 => PodState::Succeeded,
@@ -96,6 +110,7 @@ impl PodView {
             index: labels.get(WORKER_LABEL).and_then(|i| i.parse().ok()),
             ip,
             state,
+            created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
         }
     }
 }
@@ -170,6 +185,23 @@ impl Observed {
                         message: format!("worker {index} (pod {}) failed{code}: {reason}{hint}", pod.name),
                         fatal,
                     };
+                }
+                PodState::Stuck { reason } => {
+                    // A pod of unknown age counts as stuck for too long.
+                    // (A creation time after `now`, clock skew, counts as no wait.)
+                    let waited = pod.created.map(|c| std::time::Duration::try_from(self.now.duration_since(c)).unwrap_or_default());
+                    match waited {
+                        Some(w) if w < START_GRACE => {
+                            waiting_for.get_or_insert_with(|| format!("pod {}: {reason}", pod.name));
+                        }
+                        _ => {
+                            return RunHealth::Failed {
+                                reason: "PodFailed".into(),
+                                message: format!("worker {index} (pod {}) could not start within {} s: {reason}", pod.name, START_GRACE.as_secs()),
+                                fatal: false,
+                            }
+                        }
+                    }
                 }
                 PodState::Terminating => {
                     return RunHealth::Failed {

@@ -8,7 +8,7 @@ use weir_api::control::{CheckpointStatus, JobStatus, SavepointOutcome, Savepoint
 use weir_api::streamjob::{JobState, Phase, SavepointReason, StreamJob, UpgradeMode};
 
 use super::{decide, Decision, Effect};
-use crate::observe::{Observed, PodView};
+use crate::observe::{Observed, PodView, START_GRACE};
 use crate::testing::{exited, pod, JobBuilder};
 
 /// A job and the world around it, advanced one reconcile at a time.
@@ -38,7 +38,9 @@ impl World {
                 Effect::CreateRun => {
                     let run = d.status.run.clone().unwrap();
                     for i in 0..run.workers as u32 {
-                        self.pods.push(pod(&self.name(), &run.id, i, "Pending", None));
+                        let mut p = pod(&self.name(), &run.id, i, "Pending", None);
+                        p.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(self.now));
+                        self.pods.push(p);
                     }
                 }
                 Effect::DeleteAllPods => self.pods.clear(),
@@ -344,18 +346,57 @@ fn a_failed_deploy_during_an_upgrade_does_not_leave_the_job_upgrading() {
     w.step(); // delete old pods
     w.step(); // create
     for p in w.pods.iter_mut() {
-        p.status.as_mut().unwrap().container_statuses = Some(vec![k8s_openapi::api::core::v1::ContainerStatus {
-            name: "worker".into(),
-            state: Some(k8s_openapi::api::core::v1::ContainerState {
-                waiting: Some(k8s_openapi::api::core::v1::ContainerStateWaiting { reason: Some("ErrImagePull".into()), message: None }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }]);
+        waiting(p, "ErrImagePull", "pull access denied for no-such-image");
     }
+    // The kubelet retries a pull; so does the operator, for a while.
+    w.advance(START_GRACE - Duration::from_secs(1));
+    w.step();
+    assert_eq!(w.phase(), Some(Phase::Upgrading));
+    assert!(w.job.status.as_ref().unwrap().message.as_ref().unwrap().contains("pull access denied"), "status says what the pods wait for");
+    w.advance(Duration::from_secs(1));
     w.step();
     assert_eq!(w.phase(), Some(Phase::Recovering));
-    assert!(w.job.status.as_ref().unwrap().message.as_ref().unwrap().contains("ErrImagePull"));
+    let message = w.job.status.as_ref().unwrap().message.clone().unwrap();
+    assert!(message.contains("could not start within 60 s: ErrImagePull"), "{message}");
+}
+
+/// The worker container of `p` waits with `reason`.
+fn waiting(p: &mut k8s_openapi::api::core::v1::Pod, reason: &str, message: &str) {
+    p.status.as_mut().unwrap().container_statuses = Some(vec![k8s_openapi::api::core::v1::ContainerStatus {
+        name: "worker".into(),
+        state: Some(k8s_openapi::api::core::v1::ContainerState {
+            waiting: Some(k8s_openapi::api::core::v1::ContainerStateWaiting { reason: Some(reason.into()), message: Some(message.into()) }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }]);
+}
+
+#[test]
+fn a_worker_waiting_a_moment_for_its_secret_starts_without_a_restart() {
+    let mut w = World::new(JobBuilder::new("j").build());
+    w.until(Phase::Deploying);
+    w.step(); // creates the pods
+    waiting(&mut w.pods[1], "CreateContainerConfigError", "secret \"j-control-token\" not found");
+    w.advance(Duration::from_secs(2));
+    w.step();
+    assert_eq!(w.phase(), Some(Phase::Deploying), "no restart for a Secret that is a moment late");
+    assert_eq!(w.job.status.as_ref().unwrap().restarts, 0);
+    // The kubelet retried and the container started.
+    w.pods[1].status.as_mut().unwrap().container_statuses = None;
+    w.pods_run();
+    w.until(Phase::Running);
+    assert_eq!(w.job.status.as_ref().unwrap().restarts, 0);
+}
+
+#[test]
+fn an_image_that_cannot_exist_fails_the_run_at_once() {
+    let mut w = World::new(JobBuilder::new("j").build());
+    w.until(Phase::Deploying);
+    w.step(); // creates the pods
+    waiting(&mut w.pods[0], "InvalidImageName", "couldn't parse image name");
+    w.step();
+    assert_eq!(w.phase(), Some(Phase::Recovering));
 }
 
 #[test]
