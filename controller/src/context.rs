@@ -21,13 +21,22 @@ pub struct Context {
     /// Control tokens by StreamJob uid, read from their Secrets once.
     pub tokens: Mutex<HashMap<String, String>>,
     /// By StreamJob uid: the resourceVersion this operator last read and then
-    /// changed (finalizer or status). While the watch still shows exactly that
-    /// version, the object a reconcile gets is older than the operator's own
-    /// write (see [`crate::reconcile`]).
-    pub superseded: Mutex<HashMap<String, String>>,
+    /// changed (finalizer or status), and the one its write produced. A
+    /// reconcile that gets a version before the write decides on an object
+    /// older than the operator's own write (see [`crate::reconcile`]).
+    pub superseded: Mutex<HashMap<String, Superseded>>,
     /// The pods the operator watches (those with the job label), fed by the
     /// same watch that triggers reconciles; `None`: list them every time.
     pub pods: Option<Arc<PodCache>>,
+}
+
+/// A StreamJob version this operator replaced by its own write.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Superseded {
+    /// The version the operator read.
+    pub read: String,
+    /// The version its write produced.
+    pub written: String,
 }
 
 impl Context {

@@ -36,6 +36,7 @@ pub struct Metrics {
     pub registry: Mutex<Registry>,
     reconciles: Counter,
     skipped_stale: Counter,
+    status_conflicts: Counter,
     errors: Family<ErrorLabels, Counter>,
     duration: Histogram,
     jobs: Family<PhaseLabels, Gauge>,
@@ -59,6 +60,7 @@ impl Metrics {
         let mut registry = Registry::with_prefix("weir_operator");
         let reconciles = Counter::default();
         let skipped_stale = Counter::default();
+        let status_conflicts = Counter::default();
         let errors = Family::<ErrorLabels, Counter>::default();
         // Factor √2 from 0.5 ms to 23 s: a bound every half doubling (…, 64, 90.5,
         // 128 ms, …), so that a percentile read off the buckets can tell
@@ -73,12 +75,17 @@ impl Metrics {
             "Reconciles not run because the watch had not yet shown the operator's own last write to the StreamJob (not counted in reconciles)",
             skipped_stale.clone(),
         );
+        registry.register(
+            "status_conflicts",
+            "Reconciles whose decision was dropped because the StreamJob changed between reading it and writing its status (decided again on the newer version)",
+            status_conflicts.clone(),
+        );
         registry.register("reconcile_errors", "Reconciles that failed, by kind of error", errors.clone());
         registry.register("reconcile_duration_seconds", "Time of one reconcile, including calls to the API server and workers", duration.clone());
         registry.register("jobs", "StreamJobs by phase", jobs.clone());
         registry.register("phase_duration_seconds", "Time a job spent in a phase before moving to the next", transitions.clone());
         registry.register("leader", "1 while this replica holds the leader lease", leader.clone());
-        Metrics { registry: Mutex::new(registry), reconciles, skipped_stale, errors, duration, jobs, transitions, leader, phases: Mutex::new(HashMap::new()) }
+        Metrics { registry: Mutex::new(registry), reconciles, skipped_stale, status_conflicts, errors, duration, jobs, transitions, leader, phases: Mutex::new(HashMap::new()) }
     }
 
     pub fn reconciled(&self, took: Duration, error: Option<&Error>) {
@@ -91,6 +98,10 @@ impl Metrics {
 
     pub fn skipped_stale(&self) {
         self.skipped_stale.inc();
+    }
+
+    pub fn status_conflict(&self) {
+        self.status_conflicts.inc();
     }
 
     pub fn transition(&self, from: Option<Phase>, to: Phase, spent: Duration) {

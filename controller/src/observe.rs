@@ -26,7 +26,8 @@ const START_FAILURES: &[&str] = &["InvalidImageName", "ErrImageNeverPull", "Cras
 const START_TROUBLE: &[&str] = &["ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError", "CreateContainerError"];
 
 /// How long a worker pod may be stuck on a [`START_TROUBLE`] reason, counted
-/// from the pod's creation, before its run counts as failed.
+/// from the pod's creation or, when later, its scheduling, before its run
+/// counts as failed.
 pub const START_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
 
 #[derive(Debug, Clone, PartialEq)]
@@ -49,7 +50,8 @@ pub struct PodView {
     pub index: Option<u32>,
     pub ip: Option<IpAddr>,
     pub state: PodState,
-    /// The pod's creationTimestamp.
+    /// Since when the pod has been trying to start: its creationTimestamp,
+    /// or the time it was scheduled when that is later.
     pub created: Option<Timestamp>,
 }
 
@@ -110,7 +112,18 @@ impl PodView {
             index: labels.get(WORKER_LABEL).and_then(|i| i.parse().ok()),
             ip,
             state,
-            created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            // A pod that waited to be scheduled (a node being added) has
+            // only been trying to start since it was scheduled.
+            created: {
+                let created = pod.metadata.creation_timestamp.as_ref().map(|t| t.0);
+                let scheduled = status
+                    .conditions
+                    .as_ref()
+                    .and_then(|cs| cs.iter().find(|c| c.type_ == "PodScheduled" && c.status == "True"))
+                    .and_then(|c| c.last_transition_time.as_ref())
+                    .map(|t| t.0);
+                created.max(scheduled)
+            },
         }
     }
 }

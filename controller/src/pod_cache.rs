@@ -1,7 +1,8 @@
 //! The pods of each StreamJob as the operator's pod watch last showed them,
 //! indexed by (namespace, job). Filled from the same watch events that
 //! trigger reconciles, before they trigger them (see `main.rs`), so a
-//! reconcile caused by a pod event sees at least that event.
+//! reconcile caused by a pod event sees at least that event (during a relist
+//! the cache answers nothing, so that holds there too).
 //!
 //! A cache may lag behind the API server (pods the operator has just applied
 //! or deleted itself); [`crate::reconcile`] concludes only "nothing to do"
@@ -82,10 +83,13 @@ impl PodCache {
         }
     }
 
-    /// The job's pods by name; `None` before the first complete list.
+    /// The job's pods by name; `None` before the first complete list and
+    /// while a relist is under way (the watch restarted: its events until the
+    /// list is complete trigger reconciles that the old view cannot answer,
+    /// and a pod deleted while the watch was down is still in it).
     pub fn pods(&self, namespace: &str, job: &str) -> Option<Vec<Arc<Pod>>> {
         let inner = self.inner.read().ok()?;
-        if !inner.ready {
+        if !inner.ready || inner.relist.is_some() {
             return None;
         }
         Some(inner.pods.by_job.get(&(namespace.to_string(), job.to_string())).map(|p| p.values().cloned().collect()).unwrap_or_default())
@@ -121,10 +125,11 @@ mod tests {
         c.apply(&Event::Delete(pod("a", "r-1", 1, "Pending", None)));
         assert_eq!(names(&c, "a"), Some(vec!["a-r-1-0".into()]));
 
-        // A relist replaces everything once complete; until then the old view stays.
+        // A relist replaces everything once complete; until then the cache
+        // answers nothing (reconciles list the pods themselves).
         c.apply(&Event::Init);
         c.apply(&Event::InitApply(pod("b", "s-2", 0, "Pending", None)));
-        assert_eq!(names(&c, "a"), Some(vec!["a-r-1-0".into()]));
+        assert_eq!(names(&c, "a"), None, "relisting");
         c.apply(&Event::InitDone);
         assert_eq!(names(&c, "a"), Some(vec![]));
         assert_eq!(names(&c, "b"), Some(vec!["b-s-2-0".into()]));

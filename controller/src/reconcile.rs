@@ -15,7 +15,7 @@ use tracing::{debug, info, instrument, warn};
 use weir_api::control::{SavepointRequest, CONTROL_PORT};
 use weir_api::streamjob::{StreamJob, StreamJobStatus};
 
-use crate::context::Context;
+use crate::context::{Context, Superseded};
 use crate::desired;
 use crate::error::{Error, Result};
 use crate::lifecycle::{self, Decision, Effect};
@@ -83,8 +83,18 @@ async fn reconcile_inner(job: &StreamJob, ctx: &Context) -> Result<Action> {
         }
     }
     if decision.status != old {
-        let written = write_status(&jobs, &name, &decision.status).await?;
-        wrote(job, &written, ctx);
+        match write_status(&jobs, &name, job.resource_version(), &decision.status).await {
+            Ok(written) => wrote(job, &written, ctx),
+            Err(Error::Kube { source: kube::Error::Api(e), .. }) if e.code == 409 => {
+                // Decided on an object that has changed since: nothing is
+                // carried out; the newer version (its watch event triggers a
+                // reconcile) is decided on instead.
+                debug!("the StreamJob changed since it was read; deciding again on the newer version");
+                ctx.metrics.status_conflict();
+                return Ok(Action::requeue(STALE_RETRY));
+            }
+            Err(e) => return Err(e),
+        }
     }
     if let Some((from, to, spent)) = &decision.transition {
         info!(from = ?from, to = ?to, spent_ms = spent.as_millis() as u64, message = decision.status.message.as_deref().unwrap_or(""), "phase changed");
@@ -146,12 +156,21 @@ async fn observe(job: &StreamJob, ctx: &Context, ns: &str, pods: Vec<PodView>) -
     Ok(observed)
 }
 
-async fn write_status(jobs: &Api<StreamJob>, name: &str, status: &StreamJobStatus) -> Result<StreamJob> {
-    let patch = serde_json::json!({
+async fn write_status(jobs: &Api<StreamJob>, name: &str, read_version: Option<String>, status: &StreamJobStatus) -> Result<StreamJob> {
+    // The version the decision was made on is a precondition: if anything
+    // changed the StreamJob since (a user's edit, or this operator's own
+    // earlier write that the watch had not shown yet), the API server refuses
+    // the write with 409 and nothing of the decision is carried out. Without
+    // it, a decision made twice (once on the newer, once on the older object)
+    // could take two savepoints or count one failure twice.
+    let mut patch = serde_json::json!({
         "apiVersion": "weir.dev/v1alpha1",
         "kind": "StreamJob",
         "status": status,
     });
+    if let Some(rv) = read_version {
+        patch["metadata"] = serde_json::json!({ "resourceVersion": rv });
+    }
     jobs.patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
         .await
         .map_err(Error::kube("writing the status"))
@@ -163,25 +182,30 @@ fn wrote(read: &StreamJob, written: &StreamJob, ctx: &Context) {
     let (Some(uid), Some(before), Some(after)) = (read.uid(), read.resource_version(), written.resource_version()) else { return };
     if before != after {
         if let Ok(mut m) = ctx.superseded.lock() {
-            m.insert(uid, before);
+            m.insert(uid, Superseded { read: before, written: after });
         }
     }
 }
 
-/// Whether `job` is exactly the version this operator last changed, i.e. the
-/// watch has not shown the change yet. Any other version (the write, or
-/// anything after it, or a relist) ends the wait.
+/// Whether `job` is older than this operator's last write to it, i.e. the
+/// watch has not shown that write yet. resourceVersions are compared as the
+/// numbers the API server gives out (etcd revisions); should one not be a
+/// number, only the very version the operator read counts as older. The
+/// written version or anything newer ends the wait. (The status write's
+/// precondition keeps a decision on an older object from being carried out
+/// even when this check lets it through.)
 fn is_superseded(job: &StreamJob, ctx: &Context) -> bool {
     let (Some(uid), Some(rv)) = (job.uid(), job.resource_version()) else { return false };
     let Ok(mut m) = ctx.superseded.lock() else { return false };
-    match m.get(&uid) {
-        Some(old) if *old == rv => true,
-        Some(_) => {
-            m.remove(&uid);
-            false
-        }
-        None => false,
+    let Some(last) = m.get(&uid) else { return false };
+    let older = match (rv.parse::<u64>(), last.written.parse::<u64>()) {
+        (Ok(seen), Ok(written)) => seen < written,
+        _ => rv == last.read,
+    };
+    if !older {
+        m.remove(&uid);
     }
+    older
 }
 
 async fn publish(ctx: &Context, job: &StreamJob, decision: &Decision) {
@@ -248,8 +272,13 @@ async fn act(job: &StreamJob, ctx: &Context, ns: &str, decision: &Decision) -> R
                     }
                 }
                 ctx.metrics.forget(job);
-                if let (Some(uid), Ok(mut m)) = (job.uid(), ctx.superseded.lock()) {
-                    m.remove(&uid);
+                if let Some(uid) = job.uid() {
+                    if let Ok(mut m) = ctx.superseded.lock() {
+                        m.remove(&uid);
+                    }
+                    if let Ok(mut m) = ctx.tokens.lock() {
+                        m.remove(&uid);
+                    }
                 }
             }
         }
@@ -273,7 +302,7 @@ async fn create_run(job: &StreamJob, ctx: &Context, ns: &str, status: &StreamJob
     let config_maps = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(ctx.client.clone(), ns);
     let services = Api::<k8s_openapi::api::core::v1::Service>::namespaced(ctx.client.clone(), ns);
     futures::try_join!(
-        token(job, ctx, ns),
+        token_secret(job, ctx, ns),
         async { config_maps.patch(&cm.name_any(), &apply, &Patch::Apply(&cm)).await.map_err(Error::kube("applying the pipeline ConfigMap")) },
         async { services.patch(&svc.name_any(), &apply, &Patch::Apply(&svc)).await.map_err(Error::kube("applying the workers Service")) },
     )?;
@@ -342,6 +371,23 @@ async fn token(job: &StreamJob, ctx: &Context, ns: &str) -> Result<String> {
         m.insert(uid, token.clone());
     }
     Ok(token)
+}
+
+/// Makes sure the job's token Secret exists before a run's pods need it:
+/// a token this operator already knows is applied again (someone may have
+/// deleted the Secret; the workers would never start without it).
+async fn token_secret(job: &StreamJob, ctx: &Context, ns: &str) -> Result<()> {
+    let known = job.uid().and_then(|uid| ctx.tokens.lock().ok().and_then(|m| m.get(&uid).cloned()));
+    let Some(token) = known else {
+        // Read from the Secret, or created with it.
+        return token(job, ctx, ns).await.map(|_| ());
+    };
+    let secret = desired::token_secret(job, &token)?;
+    Api::<Secret>::namespaced(ctx.client.clone(), ns)
+        .patch(&secret.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&secret))
+        .await
+        .map_err(Error::kube("applying the control token Secret"))?;
+    Ok(())
 }
 
 /// Failed reconciles are retried soon; the error is in the log and metrics.
@@ -474,6 +520,49 @@ mod tests {
         let mut handle = server.await.unwrap();
         assert_eq!(action, Action::requeue(Duration::from_secs(5)), "the listed pods are Pending: still waiting");
         assert!(futures::poll!(Box::pin(handle.next_request())).is_pending(), "no status write, no restart");
+    }
+
+    #[tokio::test]
+    async fn a_version_between_the_one_read_and_the_one_written_is_not_reconciled_either() {
+        let (ctx, mut handle) = context();
+        // Version 7 read, the finalizer written as version 9; meanwhile someone
+        // else made version 8, which still has the status of before.
+        let server = tokio::spawn(async move {
+            answer(&mut handle, "PATCH", "/apis/weir.dev/v1alpha1/namespaces/jobs/streamjobs/j", &job("9", true)).await;
+            handle
+        });
+        reconcile(Arc::new(job("7", false)), ctx.clone()).await.unwrap();
+        let mut handle = server.await.unwrap();
+        let action = reconcile(Arc::new(job("8", false)), ctx.clone()).await.unwrap();
+        assert_eq!(action, Action::requeue(STALE_RETRY));
+        assert!(futures::poll!(Box::pin(handle.next_request())).is_pending(), "nothing decided on version 8");
+        assert!(!ctx.superseded.lock().unwrap().is_empty(), "still waiting for version 9");
+    }
+
+    #[tokio::test]
+    async fn a_status_write_refused_for_a_changed_job_carries_out_nothing_of_the_decision() {
+        // Deciding with the job's pods gone: a failure, a restart.
+        let (job, _) = pending_job_and_pods();
+        let (ctx, mut handle) = context_with_pods(&[]);
+        let server = tokio::spawn(async move {
+            let (req, send) = handle.next_request().await.expect("the pods are listed");
+            assert_eq!(req.uri().path(), "/api/v1/namespaces/jobs/pods");
+            let empty = serde_json::json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": []});
+            send.send_response(Response::builder().status(200).body(Body::from(serde_json::to_vec(&empty).unwrap())).unwrap());
+            let (req, send) = handle.next_request().await.expect("the status write");
+            assert_eq!(req.uri().path(), "/apis/weir.dev/v1alpha1/namespaces/jobs/streamjobs/j/status");
+            let body: serde_json::Value = serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+            assert_eq!(body["metadata"]["resourceVersion"], "9", "the version decided on is a precondition");
+            let conflict = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409,
+                "message": "Operation cannot be fulfilled on streamjobs.weir.dev \"j\": the object has been modified"});
+            send.send_response(Response::builder().status(409).body(Body::from(serde_json::to_vec(&conflict).unwrap())).unwrap());
+            handle
+        });
+        let action = reconcile(Arc::new(job), ctx.clone()).await.unwrap();
+        let mut handle = server.await.unwrap();
+        assert_eq!(action, Action::requeue(STALE_RETRY));
+        assert!(futures::poll!(Box::pin(handle.next_request())).is_pending(), "no event, no pod deleted or created");
+        assert!(ctx.metrics.encode().contains("weir_operator_status_conflicts_total 1"));
     }
 
     #[tokio::test]

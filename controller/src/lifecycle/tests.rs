@@ -390,6 +390,29 @@ fn a_worker_waiting_a_moment_for_its_secret_starts_without_a_restart() {
 }
 
 #[test]
+fn the_start_grace_counts_from_when_the_pod_was_scheduled() {
+    let mut w = World::new(JobBuilder::new("j").build());
+    w.until(Phase::Deploying);
+    w.step(); // creates the pods
+    // No node for two minutes (one is being added), then scheduled.
+    w.advance(Duration::from_secs(120));
+    let scheduled = k8s_openapi::api::core::v1::PodCondition {
+        type_: "PodScheduled".into(),
+        status: "True".into(),
+        last_transition_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(w.now)),
+        ..Default::default()
+    };
+    w.pods[0].status.as_mut().unwrap().conditions = Some(vec![scheduled]);
+    waiting(&mut w.pods[0], "ErrImagePull", "registry did not answer");
+    w.advance(Duration::from_secs(10));
+    w.step();
+    assert_eq!(w.phase(), Some(Phase::Deploying), "10 s of pulling is within the grace");
+    w.advance(START_GRACE);
+    w.step();
+    assert_eq!(w.phase(), Some(Phase::Recovering));
+}
+
+#[test]
 fn an_image_that_cannot_exist_fails_the_run_at_once() {
     let mut w = World::new(JobBuilder::new("j").build());
     w.until(Phase::Deploying);
