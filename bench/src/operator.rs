@@ -419,7 +419,7 @@ fn measure(o: &Options, kubectl: &Path, controller: &Path, n: usize) -> Result<O
             requests.insert(k, (c - c0, t - t0));
         }
     }
-    let rss = median(samples.iter().map(|&s| s as f64 / 1024.0).collect());
+    let rss = crate::median(samples.iter().map(|&s| s as f64 / 1024.0).collect());
     Ok(Outcome {
         jobs: n,
         controller: label,
@@ -439,14 +439,6 @@ fn measure(o: &Options, kubectl: &Path, controller: &Path, n: usize) -> Result<O
         requests,
         max_sockets,
     })
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 /// The API server's request counts and the time it spent on them, by

@@ -47,18 +47,23 @@ impl Index {
     }
 }
 
-#[derive(Default)]
 pub struct PodCache {
     inner: RwLock<Inner>,
 }
 
-#[derive(Default)]
 struct Inner {
-    /// Set by the end of the first complete list.
-    ready: bool,
+    /// The pods as of the last complete list and the events since.
     pods: Index,
-    /// A relist in progress: replaces `pods` when it is complete.
-    relist: Option<Index>,
+    /// A list in progress (from the start until the first list is complete,
+    /// and whenever the watch restarts): replaces `pods` when complete, and
+    /// until then the cache answers nothing.
+    listing: Option<Index>,
+}
+
+impl Default for PodCache {
+    fn default() -> PodCache {
+        PodCache { inner: RwLock::new(Inner { pods: Index::default(), listing: Some(Index::default()) }) }
+    }
 }
 
 impl PodCache {
@@ -68,17 +73,16 @@ impl PodCache {
         match event {
             Event::Apply(pod) => inner.pods.insert(pod),
             Event::Delete(pod) => inner.pods.remove(pod),
-            Event::Init => inner.relist = Some(Index::default()),
+            Event::Init => inner.listing = Some(Index::default()),
             Event::InitApply(pod) => {
-                if let Some(relist) = inner.relist.as_mut() {
-                    relist.insert(pod);
+                if let Some(listing) = inner.listing.as_mut() {
+                    listing.insert(pod);
                 }
             }
             Event::InitDone => {
-                if let Some(relist) = inner.relist.take() {
-                    inner.pods = relist;
+                if let Some(listing) = inner.listing.take() {
+                    inner.pods = listing;
                 }
-                inner.ready = true;
             }
         }
     }
@@ -89,7 +93,7 @@ impl PodCache {
     /// and a pod deleted while the watch was down is still in it).
     pub fn pods(&self, namespace: &str, job: &str) -> Option<Vec<Arc<Pod>>> {
         let inner = self.inner.read().ok()?;
-        if !inner.ready || inner.relist.is_some() {
+        if inner.listing.is_some() {
             return None;
         }
         Some(inner.pods.by_job.get(&(namespace.to_string(), job.to_string())).map(|p| p.values().cloned().collect()).unwrap_or_default())

@@ -20,7 +20,7 @@ use crate::desired;
 use crate::error::{Error, Result};
 use crate::lifecycle::{self, Decision, Effect};
 use crate::names;
-use crate::observe::{Observed, PodView, RunHealth};
+use crate::observe::{Observed, PodState, PodView, RunHealth};
 use crate::FIELD_MANAGER;
 
 /// How soon a reconcile skipped for a stale object looks again, should the
@@ -102,7 +102,7 @@ async fn reconcile_inner(job: &StreamJob, ctx: &Context) -> Result<Action> {
     }
     ctx.metrics.set_phase(job, decision.status.phase);
     publish(ctx, job, &decision).await;
-    act(job, ctx, &ns, &decision).await?;
+    act(job, ctx, &ns, &decision, &observed.pods).await?;
     Ok(Action::requeue(decision.requeue))
 }
 
@@ -225,12 +225,15 @@ async fn publish(ctx: &Context, job: &StreamJob, decision: &Decision) {
     }
 }
 
-async fn act(job: &StreamJob, ctx: &Context, ns: &str, decision: &Decision) -> Result<()> {
+/// Carries out the decision's effects. `pods` is what the decision was made
+/// on: a decision with effects is never quiet, so they come from the API
+/// server's list, not from the pod cache.
+async fn act(job: &StreamJob, ctx: &Context, ns: &str, decision: &Decision, pods: &[PodView]) -> Result<()> {
     for effect in &decision.effects {
         match effect {
             Effect::CreateRun => create_run(job, ctx, ns, &decision.status).await?,
-            Effect::DeleteOtherPods => delete_pods(job, ctx, ns, decision.status.run.as_ref().map(|r| r.id.as_str())).await?,
-            Effect::DeleteAllPods => delete_pods(job, ctx, ns, None).await?,
+            Effect::DeleteOtherPods => delete_pods(ctx, ns, pods, decision.status.run.as_ref().map(|r| r.id.as_str())).await?,
+            Effect::DeleteAllPods => delete_pods(ctx, ns, pods, None).await?,
             Effect::SendMembership { membership, workers } => {
                 let token = token(job, ctx, ns).await?;
                 let sent = workers.iter().map(|w| {
@@ -317,28 +320,22 @@ async fn create_run(job: &StreamJob, ctx: &Context, ns: &str, status: &StreamJob
     Ok(())
 }
 
-/// Deletes the job's pods, except those of `keep_run`.
-async fn delete_pods(job: &StreamJob, ctx: &Context, ns: &str, keep_run: Option<&str>) -> Result<()> {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let list = pods
-        .list(&ListParams::default().labels(&names::job_selector(&job.name_any())))
-        .await
-        .map_err(Error::kube("listing the job's pods"))?;
-    let doomed = list.items.iter().filter(|pod| {
-        let run = pod.labels().get(names::RUN_LABEL).map(String::as_str);
-        !(keep_run.is_some() && run == keep_run || pod.meta().deletion_timestamp.is_some())
-    });
+/// Deletes `listed` (the job's pods), except those of `keep_run` and those
+/// already being deleted.
+async fn delete_pods(ctx: &Context, ns: &str, listed: &[PodView], keep_run: Option<&str>) -> Result<()> {
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let doomed = listed.iter().filter(|pod| !(keep_run.is_some() && pod.run.as_deref() == keep_run || pod.state == PodState::Terminating));
     // All at once: the next run waits until every one of them is gone.
     futures::future::try_join_all(doomed.map(|pod| {
-        let pods = &pods;
+        let api = &api;
         async move {
-            match pods.delete(&pod.name_any(), &DeleteParams::default()).await {
+            match api.delete(&pod.name, &DeleteParams::default()).await {
                 Ok(_) => {
-                    info!(pod = %pod.name_any(), "deleted a pod");
+                    info!(pod = %pod.name, "deleted a pod");
                     Ok(())
                 }
                 Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-                Err(e) => Err(Error::kube(format!("deleting pod {}", pod.name_any()))(e)),
+                Err(e) => Err(Error::kube(format!("deleting pod {}", pod.name))(e)),
             }
         }
     }))
@@ -359,11 +356,7 @@ async fn token(job: &StreamJob, ctx: &Context, ns: &str) -> Result<String> {
         Some(bytes) => String::from_utf8_lossy(&bytes.0).into_owned(),
         None => {
             let token = desired::new_token();
-            let secret = desired::token_secret(job, &token)?;
-            secrets
-                .patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&secret))
-                .await
-                .map_err(Error::kube("creating the control token Secret"))?;
+            apply_token_secret(job, ctx, ns, &token).await?;
             token
         }
     };
@@ -382,7 +375,11 @@ async fn token_secret(job: &StreamJob, ctx: &Context, ns: &str) -> Result<()> {
         // Read from the Secret, or created with it.
         return token(job, ctx, ns).await.map(|_| ());
     };
-    let secret = desired::token_secret(job, &token)?;
+    apply_token_secret(job, ctx, ns, &token).await
+}
+
+async fn apply_token_secret(job: &StreamJob, ctx: &Context, ns: &str, token: &str) -> Result<()> {
+    let secret = desired::token_secret(job, token)?;
     Api::<Secret>::namespaced(ctx.client.clone(), ns)
         .patch(&secret.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&secret))
         .await
@@ -412,11 +409,19 @@ mod tests {
 
     type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
-    fn context() -> (Arc<Context>, Handle) {
+    /// A context on a mocked API server; with `pods`, a pod cache holding them.
+    fn context_on(pods: Option<&[Pod]>) -> (Arc<Context>, Handle) {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "jobs");
-        let ctx = Context::new(client, Arc::new(HttpWorkerApi::new().unwrap()), Arc::new(Metrics::new()), WorkerSettings::default(), None);
+        let mut ctx = Context::new(client, Arc::new(HttpWorkerApi::new().unwrap()), Arc::new(Metrics::new()), WorkerSettings::default(), None);
+        if let Some(pods) = pods {
+            ctx = ctx.with_pod_cache(pod_cache(pods));
+        }
         (Arc::new(ctx), handle)
+    }
+
+    fn context() -> (Arc<Context>, Handle) {
+        context_on(None)
     }
 
     fn job(resource_version: &str, finalizer: bool) -> StreamJob {
@@ -488,10 +493,7 @@ mod tests {
     }
 
     fn context_with_pods(pods: &[Pod]) -> (Arc<Context>, Handle) {
-        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let client = Client::new(service, "jobs");
-        let ctx = Context::new(client, Arc::new(HttpWorkerApi::new().unwrap()), Arc::new(Metrics::new()), WorkerSettings::default(), None).with_pod_cache(pod_cache(pods));
-        (Arc::new(ctx), handle)
+        context_on(Some(pods))
     }
 
     #[tokio::test]

@@ -73,12 +73,8 @@ fn job(finalizer: bool, status: Option<Value>) -> StreamJob {
 
 /// The next request, checked by method and path; answered with `answer` (status, body).
 async fn expect(handle: &mut Handle, method: &str, path: &str, code: u16, answer: Value) -> Value {
-    let (req, send) = handle.next_request().await.expect("the reconciler made no further request");
-    assert_eq!(req.method().as_str(), method, "request to {}", req.uri());
-    assert!(req.uri().path().ends_with(path) || req.uri().path() == path, "expected {method} {path}, got {} {}", req.method(), req.uri());
-    let body = req.into_body().collect_bytes().await.unwrap();
-    let sent: Value = if body.is_empty() { Value::Null } else { serde_json::from_slice(&body).unwrap() };
-    send.send_response(Response::builder().status(code).body(Body::from(serde_json::to_vec(&answer).unwrap())).unwrap());
+    let (m, p, sent) = next(handle, |_, _| (code, answer.clone())).await;
+    assert!(m == method && p.ends_with(path), "expected {method} {path}, got {m} {p}");
     sent
 }
 
@@ -196,8 +192,9 @@ async fn a_failed_pod_is_recorded_as_recovering_before_the_old_run_is_deleted() 
     });
     let pods = json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [pod(0, "Running"), pod(1, "Failed")]});
     let j = job(true, Some(status));
+    let listed = pods.clone();
     let server = tokio::spawn(async move {
-        expect(&mut handle, "GET", "/api/v1/namespaces/jobs/pods", 200, pods.clone()).await;
+        expect(&mut handle, "GET", "/api/v1/namespaces/jobs/pods", 200, listed).await;
         let sent = expect(&mut handle, "PATCH", "/streamjobs/j/status", 200, serde_json::to_value(job(true, None)).unwrap()).await;
         assert_eq!(sent["status"]["phase"], "Recovering");
         assert_eq!(sent["status"]["restarts"], 1);
@@ -206,9 +203,31 @@ async fn a_failed_pod_is_recorded_as_recovering_before_the_old_run_is_deleted() 
         // A warning event says why; then nothing is deleted in this step
         // (the next step deletes the old pods, then waits the backoff).
         expect(&mut handle, "POST", "/apis/events.k8s.io/v1/namespaces/jobs/events", 201, json!({})).await;
-        handle
+        (handle, sent["status"].clone())
     });
-    weir_controller::reconcile::reconcile(Arc::new(j), ctx).await.unwrap();
-    let mut handle = server.await.unwrap();
+    weir_controller::reconcile::reconcile(Arc::new(j), ctx.clone()).await.unwrap();
+    let (mut handle, recovering) = server.await.unwrap();
     assert!(futures::poll!(Box::pin(handle.next_request())).is_pending());
+
+    // The next reconcile deletes the old run's pods, from the list it decided on.
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let server = tokio::spawn(async move {
+        loop {
+            let answer = |method: &str, _: &str| match method {
+                "GET" => (200, pods.clone()),
+                "DELETE" => (200, json!({"kind": "Status", "apiVersion": "v1", "status": "Success"})),
+                _ => (200, serde_json::to_value(job(true, None)).unwrap()),
+            };
+            let (m, p, _) = next(&mut handle, answer).await;
+            record.lock().unwrap().push(format!("{m} {p}"));
+        }
+    });
+    weir_controller::reconcile::reconcile(Arc::new(job(true, Some(recovering))), ctx).await.unwrap();
+    server.abort();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.iter().filter(|r| r.starts_with("GET ")).count(), 1, "one list of the pods: {seen:?}");
+    for i in 0..2 {
+        assert!(seen.contains(&format!("DELETE /api/v1/namespaces/jobs/pods/j-1-{i}")), "pod j-1-{i} deleted: {seen:?}");
+    }
 }

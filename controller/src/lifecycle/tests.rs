@@ -103,6 +103,12 @@ impl World {
         w
     }
 
+    /// The same world after `kubectl delete` of the job.
+    fn deleted(mut self) -> World {
+        self.job.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()));
+        self
+    }
+
     fn checkpoint(&mut self, id: u64) {
         let ms = self.now.as_millisecond() as u64;
         if let Some(c) = self.coordinator.as_mut() {
@@ -544,7 +550,7 @@ fn a_restart_trigger_restarts_from_the_latest_checkpoint_without_counting_a_fail
 #[test]
 fn deletion_takes_a_final_savepoint_then_lets_the_job_go() {
     let w0 = World::running(JobBuilder::new("j").build());
-    let mut w = World { job: { let mut j = w0.job.clone(); j.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now())); j }, ..w0 };
+    let mut w = w0.deleted();
     w.step();
     assert_eq!(w.phase(), Some(Phase::Deleting));
     let d = w.step();
@@ -564,7 +570,7 @@ fn deletion_takes_a_final_savepoint_then_lets_the_job_go() {
 #[test]
 fn deletion_never_waits_past_the_savepoint_timeout() {
     let w0 = World::running(JobBuilder::new("j").spec(|s| s.savepoint_timeout = weir_api::pipeline::HumanDuration::from_millis(10_000)).build());
-    let mut w = World { job: { let mut j = w0.job.clone(); j.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now())); j }, ..w0 };
+    let mut w = w0.deleted();
     w.step();
     w.step();
     w.advance(Duration::from_secs(11));
@@ -579,7 +585,7 @@ fn deletion_while_the_job_restarts_does_not_wait_for_it() {
     w.pods[0] = exited(w.pods[0].clone(), 1);
     w.step();
     assert_eq!(w.phase(), Some(Phase::Recovering));
-    w.job.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()));
+    w = w.deleted();
     w.step();
     let d = w.step();
     assert!(d.effects.contains(&Effect::RemoveFinalizer));
@@ -626,7 +632,7 @@ fn an_invalid_spec_change_keeps_the_running_job_and_says_why() {
 #[test]
 fn a_retried_deletion_after_the_final_savepoint_does_not_take_another() {
     let w0 = World::running(JobBuilder::new("j").build());
-    let mut w = World { job: { let mut j = w0.job.clone(); j.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now())); j }, ..w0 };
+    let mut w = w0.deleted();
     w.step();
     let d = w.step();
     let (id, _) = savepoint_requests(std::slice::from_ref(&d))[0].clone();
