@@ -54,6 +54,10 @@ pub enum Error {
     #[error("protocol error from {peer}: {message}")]
     Protocol { peer: String, message: String },
 
+    /// Another run of the job holds its state or output directory.
+    #[error("{message}")]
+    AlreadyRunning { message: String },
+
     #[error("{0}")]
     Job(String),
 }

@@ -57,6 +57,9 @@ enum Command {
         /// The job's name (needed when the state directory holds several jobs).
         #[arg(long)]
         job: Option<String>,
+        /// Stop the job with this savepoint: no output is committed after it, and the job ends (`weir run` exits 0). Resume with `weir run --restore PATH`.
+        #[arg(long)]
+        stop: bool,
     },
     /// Show the status of a running local job.
     Status {
@@ -236,11 +239,11 @@ async fn call_job<T: serde::de::DeserializeOwned>(run: &local::RunInfo, method: 
 }
 
 /// Requests a savepoint and polls its outcome until it is decided.
-async fn take_savepoint(run: &local::RunInfo, within: Duration) -> anyhow::Result<weir_api::control::CheckpointStatus> {
+async fn take_savepoint(run: &local::RunInfo, stop: bool, within: Duration) -> anyhow::Result<weir_api::control::CheckpointStatus> {
     let deadline = Instant::now() + within;
     // The id makes asking again safe: a retry never takes a second savepoint.
     let request_id = format!("cli-{:016x}", rand::random::<u64>());
-    let body = serde_json::to_vec(&SavepointRequest { request_id: Some(request_id.clone()), stop: false })?;
+    let body = serde_json::to_vec(&SavepointRequest { request_id: Some(request_id.clone()), stop })?;
     let mut outcome: SavepointOutcome = call_job(run, "POST", "/v1/savepoints", Some(&body), Duration::from_secs(10)).await?;
     while outcome.state == SavepointState::Pending {
         if Instant::now() >= deadline {
@@ -267,8 +270,13 @@ async fn run_command(command: Command) -> anyhow::Result<()> {
             let restore = restore.as_deref().map(RestoreFrom::parse);
             let summary = local::run(RunOptions { pipeline, state_dir, restore, parallelism, workers, allow_non_restored_state, max_restarts }).await?;
             let st = &summary.status;
+            let stopped_with = (st.phase == "stopped").then(|| st.last_savepoint.as_ref().map(|s| s.location.clone())).flatten();
+            if let Some(sp) = &stopped_with {
+                eprintln!("stopped `{}` with savepoint {sp}; resume with `weir run --restore {sp}`", st.job);
+            }
             eprintln!(
-                "finished `{}` in {:.1}s: {} records in, {} records out, {} checkpoints, last checkpoint {}, {} restarts",
+                "{} `{}` in {:.1}s: {} records in, {} records out, {} checkpoints, last checkpoint {}, {} restarts",
+                if stopped_with.is_some() { "stopped" } else { "finished" },
                 st.job,
                 summary.elapsed.as_secs_f64(),
                 st.records_in,
@@ -283,13 +291,15 @@ async fn run_command(command: Command) -> anyhow::Result<()> {
                 "elapsed_s": summary.elapsed.as_secs_f64(), "restarts": summary.restarts,
                 "checkpoints": st.checkpoints_completed,
                 "last_checkpoint": st.latest_checkpoint.as_ref().map(|c| c.id),
+                "stopped_with_savepoint": stopped_with,
             }));
             Ok(())
         }
-        Command::Savepoint { state_dir, job } => {
+        Command::Savepoint { state_dir, job, stop } => {
             let run = local::find_run(&state_dir, job.as_deref()).await?;
-            let sp = take_savepoint(&run, Duration::from_secs(600)).await?;
-            eprintln!("savepoint {} of `{}` complete in {} ms", sp.id, run.job, sp.duration_ms);
+            let sp = take_savepoint(&run, stop, Duration::from_secs(600)).await?;
+            let how = if stop { "; the job stops" } else { "" };
+            eprintln!("savepoint {} of `{}` complete in {} ms{how}", sp.id, run.job, sp.duration_ms);
             println!("{}", sp.location);
             Ok(())
         }

@@ -92,7 +92,7 @@ fn tree_kills_keep_exactly_once(parallelism: u32, rescale: Option<&str>) {
     assert!(out.status.success(), "final run failed:\n{}", stderr(&out));
     assert!(stderr(&out).contains("restoring `eo-test` from checkpoint"), "{}", stderr(&out));
     job.assert_exactly_once();
-    let leftovers: Vec<_> = std::fs::read_dir(job.path("out/eo")).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with('.')).collect();
+    let leftovers: Vec<_> = std::fs::read_dir(job.path("out/eo")).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".inprogress")).collect();
     assert!(leftovers.is_empty(), "in-progress files left after the job finished: {leftovers:?}");
 }
 

@@ -53,6 +53,9 @@ pub struct CoordinatorConfig {
     /// The checkpoint this run restores (worker 0's view); every worker must
     /// restore the same one, or the run would mix states of different moments.
     pub restored_from: Option<String>,
+    /// After a stopping savepoint the job ends by itself (`weir run`: nobody
+    /// else would stop it). On Kubernetes the operator removes the pods.
+    pub end_after_stop: bool,
 }
 
 /// A savepoint request admitted by the control endpoint.
@@ -229,6 +232,17 @@ impl Coordinator {
         }
     }
 
+    /// The final status outlives the run: `weir run` and `weir status` read
+    /// it after the processes are gone.
+    async fn write_final_status(&self) {
+        let final_status = self.status.lock().map(|s| s.clone()).unwrap_or_default();
+        if let Ok(bytes) = serde_json::to_vec_pretty(&final_status) {
+            if let Err(e) = self.cfg.storage.job_root.put(FINAL_STATUS, bytes).await {
+                tracing::warn!(error = %e, "could not write the final status");
+            }
+        }
+    }
+
     fn broadcast(&self, msg: ToWorker) {
         for tx in self.workers.values() {
             let _ = tx.send(msg.clone());
@@ -246,7 +260,8 @@ impl Coordinator {
                 self.workers.insert(worker, tx);
             }
             Event::Lost { worker, reason } => {
-                if self.final_completed && self.finished_workers.contains(&worker) {
+                let ended = self.final_completed || (self.cfg.end_after_stop && self.stopped_by.is_some());
+                if ended && self.finished_workers.contains(&worker) {
                     return Ok(false);
                 }
                 return Err(Error::Job(format!("worker {worker} was lost ({reason})")));
@@ -293,16 +308,12 @@ impl Coordinator {
                 }
                 ToCoordinator::Finished => {
                     self.finished_workers.insert(worker);
-                    if self.final_completed && self.finished_workers.len() == self.cfg.workers {
-                        self.set_phase("finished");
-                        // The final status outlives the run: `weir run` and
-                        // `weir status` read it after the processes are gone.
-                        let final_status = self.status.lock().map(|s| s.clone()).unwrap_or_default();
-                        if let Ok(bytes) = serde_json::to_vec_pretty(&final_status) {
-                            if let Err(e) = self.cfg.storage.job_root.put(FINAL_STATUS, bytes).await {
-                                tracing::warn!(error = %e, "could not write the final status");
-                            }
+                    let ended = self.final_completed || (self.cfg.end_after_stop && self.stopped_by.is_some());
+                    if ended && self.finished_workers.len() == self.cfg.workers {
+                        if self.final_completed {
+                            self.set_phase("finished");
                         }
+                        self.write_final_status().await;
                         self.broadcast(ToWorker::Shutdown);
                         return Ok(true);
                     }
@@ -403,6 +414,11 @@ impl Coordinator {
                         }
                     }
                     self.cfg.savepoints.complete(&ask.request_id, st);
+                    if ask.stop && self.cfg.end_after_stop {
+                        // Every worker answers Finished; then all shut down together.
+                        self.set_phase("stopped");
+                        self.broadcast(ToWorker::Stopped { savepoint_id: p.id });
+                    }
                 }
             }
             Err(e) => {
@@ -464,6 +480,7 @@ mod tests {
             storage: storage.clone(),
             savepoints: SavepointBook::default(),
             restored_from: None,
+            end_after_stop: false,
         };
         let status = Arc::new(Mutex::new(JobStatus::default()));
         let (_api_tx, api_rx) = mpsc::channel(1);
@@ -516,6 +533,7 @@ mod tests {
             storage,
             savepoints: SavepointBook::default(),
             restored_from: Some("/s/job/checkpoints/chk-4".into()),
+            end_after_stop: false,
         };
         let (_api_tx, api_rx) = mpsc::channel(1);
         let coordinator = tokio::spawn(run(cfg, listener, api_rx, Arc::new(Mutex::new(JobStatus::default()))));
@@ -547,6 +565,7 @@ mod tests {
             storage,
             savepoints: book.clone(),
             restored_from: None,
+            end_after_stop: false,
         };
         let (api_tx, api_rx) = mpsc::channel(4);
         let _coordinator = tokio::spawn(run(cfg, listener, api_rx, Arc::new(Mutex::new(JobStatus::default()))));

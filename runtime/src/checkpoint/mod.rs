@@ -6,6 +6,6 @@ pub mod metadata;
 pub mod savepoints;
 pub mod storage;
 
-pub use metadata::{CheckpointMetadata, OperatorSubtaskState, SnapshotKind, StateFile, SubtaskAck};
+pub use metadata::{now_unix_ms, CheckpointMetadata, OperatorSubtaskState, SnapshotKind, StateFile, SubtaskAck};
 pub use savepoints::SavepointBook;
 pub use storage::{CheckpointStorage, Location};

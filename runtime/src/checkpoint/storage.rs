@@ -9,8 +9,14 @@
 //! checkpoints/chk-<id>/_metadata                     written last
 //! checkpoints/_latest                                the latest completed checkpoint's dir name
 //! savepoints/sp-<id>-<unix ms>/...                   same layout, never deleted by weir
-//! run.json                                           how to reach the running job (local mode)
+//! run.json                                           how to reach the running job (local mode; 0600)
+//! run.lock                                           held by the one `weir run` of the job (local mode)
 //! ```
+//!
+//! Durability: on local disk, every state file, `_metadata` and `_latest` is
+//! fsynced (file and directory) before the next step relies on it, because
+//! sinks fsync their commits: after a power loss `_latest` must never lag
+//! output that was already published on its strength.
 
 use std::sync::Arc;
 
@@ -33,6 +39,8 @@ pub struct Location {
     pub prefix: Path,
     /// What the user sees and can pass back (`--restore`): a path or a URL.
     pub display: String,
+    /// The directory on local disk, when the store is the local file system.
+    pub local: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for Location {
@@ -53,7 +61,7 @@ impl Location {
             }
             let (store, prefix) = object_store::parse_url(&url)
                 .map_err(|e| bad(format!("unsupported storage (this build supports local paths and file:// URLs): {e}")))?;
-            return Ok(Location { store: Arc::from(store), prefix, display: text.trim_end_matches('/').into() });
+            return Ok(Location { store: Arc::from(store), prefix, display: text.trim_end_matches('/').into(), local: None });
         }
         let path = std::path::Path::new(text);
         if create {
@@ -65,6 +73,7 @@ impl Location {
             store: Arc::new(LocalFileSystem::new().with_automatic_cleanup(true)),
             prefix,
             display: abs.display().to_string(),
+            local: Some(abs),
         })
     }
 
@@ -73,7 +82,50 @@ impl Location {
             store: self.store.clone(),
             prefix: join(&self.prefix, name),
             display: format!("{}/{}", self.display.trim_end_matches('/'), name),
+            local: self.local.as_ref().map(|l| l.join(name)),
         }
+    }
+
+    /// Writes one object and, on local disk, makes it durable: the file and
+    /// its directory are fsynced, so the write survives a power loss.
+    pub async fn put_durable(&self, name: &str, bytes: Vec<u8>) -> Result<()> {
+        self.put(name, bytes).await?;
+        let Some(dir) = &self.local else { return Ok(()) };
+        let file = dir.join(name);
+        let context = format!("{}/{name}", self.display);
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            std::fs::File::open(&file)?.sync_all()?;
+            if let Some(parent) = file.parent() {
+                std::fs::File::open(parent)?.sync_all()?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| Error::Job(format!("syncing {context}: {e}")))?
+        .map_err(Error::io(format!("syncing {context}")))
+    }
+
+    /// Writes an object only its owner may read (mode 0600 on local disk):
+    /// `run.json` holds the job's control token.
+    pub async fn put_private(&self, name: &str, bytes: Vec<u8>) -> Result<()> {
+        let Some(dir) = &self.local else { return self.put(name, bytes).await };
+        let (dir, name) = (dir.clone(), name.to_string());
+        let context = format!("{}/{name}", self.display);
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::create_dir_all(&dir)?;
+            // Written under a temporary name with its final mode from the
+            // start, then renamed: the token is never readable by others.
+            let temp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+            let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&temp)?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+            std::fs::rename(&temp, dir.join(&name))
+        })
+        .await
+        .map_err(|e| Error::Job(format!("writing {context}: {e}")))?
+        .map_err(Error::io(format!("writing {context}")))
     }
 
     fn path(&self, name: &str) -> Path {
@@ -108,7 +160,7 @@ impl Location {
     /// Writes a state file and returns what the metadata records about it.
     pub async fn put_state_file(&self, name: &str, bytes: Vec<u8>) -> Result<StateFile> {
         let handle = StateFile { name: name.into(), size: bytes.len() as u64, crc32: crc32fast::hash(&bytes) };
-        self.put(name, bytes).await?;
+        self.put_durable(name, bytes).await?;
         Ok(handle)
     }
 
@@ -227,11 +279,28 @@ impl CheckpointStorage {
     /// Completes a checkpoint: metadata last, then (for checkpoints) the latest pointer.
     pub async fn complete(&self, rel_dir: &str, meta: &CheckpointMetadata) -> Result<Location> {
         let dir = self.dir(rel_dir);
-        dir.put(METADATA_FILE, meta.encode()).await?;
+        dir.put_durable(METADATA_FILE, meta.encode()).await?;
         if meta.kind == SnapshotKind::Checkpoint {
-            self.job_root.put(LATEST, format!("{rel_dir}\n").into_bytes()).await?;
+            self.job_root.put_durable(LATEST, format!("{rel_dir}\n").into_bytes()).await?;
         }
         Ok(dir)
+    }
+
+    /// Starts a new lineage: `latest` resolves to nothing until the new run
+    /// completes a checkpoint. A run that starts fresh calls this before
+    /// anything else, so that a restart after a crash before its first
+    /// checkpoint starts it from the beginning again instead of from a
+    /// previous run's state (whose output may be long gone). The old
+    /// checkpoints stay restorable by path.
+    pub async fn clear_latest(&self) -> Result<()> {
+        self.job_root.delete(LATEST).await?;
+        if let Some(dir) = &self.job_root.local {
+            let checkpoints = dir.join("checkpoints");
+            if let Ok(d) = std::fs::File::open(&checkpoints) {
+                d.sync_all().map_err(Error::io(format!("syncing {}", checkpoints.display())))?;
+            }
+        }
+        Ok(())
     }
 
     /// The newest state of the job's lineage: the latest completed checkpoint,
@@ -264,11 +333,17 @@ impl CheckpointStorage {
             Some(rel) if rel.starts_with("checkpoints/chk-") || rel.starts_with("savepoints/sp-") => rel.to_string(),
             _ => location.display.clone(),
         };
-        self.job_root.put(LATEST, format!("{pointer}\n").into_bytes()).await
+        self.job_root.put_durable(LATEST, format!("{pointer}\n").into_bytes()).await
     }
 
     /// Every checkpoint and savepoint directory, oldest first.
     pub async fn list(&self) -> Result<Vec<SnapshotInfo>> {
+        Ok(self.list_with_metadata().await?.into_iter().map(|(info, _)| info).collect())
+    }
+
+    /// Every checkpoint and savepoint directory, oldest first, with the
+    /// metadata of the complete ones.
+    pub async fn list_with_metadata(&self) -> Result<Vec<(SnapshotInfo, Option<CheckpointMetadata>)>> {
         let latest = self.job_root.get(LATEST).await?.map(|b| String::from_utf8_lossy(&b).trim().to_string());
         let mut out = Vec::new();
         for (sub, kind, prefix) in [("checkpoints", SnapshotKind::Checkpoint, "chk-"), ("savepoints", SnapshotKind::Savepoint, "sp-")] {
@@ -277,18 +352,19 @@ impl CheckpointStorage {
                 let rel = format!("{sub}/{name}");
                 let loc = self.dir(&rel);
                 let meta = loc.read_metadata().await.ok();
-                out.push(SnapshotInfo {
+                let info = SnapshotInfo {
                     id,
                     kind,
                     is_latest: latest.as_deref() == Some(rel.as_str()),
                     dir: rel,
                     complete: meta.is_some(),
-                    created_unix_ms: meta.map(|m| m.created_unix_ms),
+                    created_unix_ms: meta.as_ref().map(|m| m.created_unix_ms),
                     location: loc.display,
-                });
+                };
+                out.push((info, meta));
             }
         }
-        out.sort_by_key(|s| (s.id, s.kind == SnapshotKind::Savepoint));
+        out.sort_by_key(|(s, _)| (s.id, s.kind == SnapshotKind::Savepoint));
         Ok(out)
     }
 

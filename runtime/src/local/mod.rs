@@ -5,7 +5,9 @@
 
 mod progress;
 mod run_info;
+mod run_lock;
 mod supervisor;
 
 pub use run_info::{find_run, RunInfo};
+pub use run_lock::{Holder, RunLock};
 pub use supervisor::{load_pipeline, run, RestoreFrom, RunOptions, RunSummary, EXIT_FATAL};

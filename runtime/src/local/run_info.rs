@@ -1,6 +1,7 @@
 //! `run.json` in the job's storage: how to reach a running local job (the
 //! control API's address and token, the process ids), for `weir savepoint`,
-//! `weir status` and for tests that kill processes.
+//! `weir status` and for tests that kill processes. It holds the token, so
+//! only its owner may read it (0600).
 
 use serde::{Deserialize, Serialize};
 
@@ -23,7 +24,7 @@ pub struct RunInfo {
 impl RunInfo {
     pub async fn write(&self, storage: &CheckpointStorage) -> Result<()> {
         let bytes = serde_json::to_vec_pretty(self).map_err(|e| Error::Job(e.to_string()))?;
-        storage.job_root.put(RUN_INFO, bytes).await
+        storage.job_root.put_private(RUN_INFO, bytes).await
     }
 }
 

@@ -10,7 +10,11 @@ use tokio::sync::mpsc;
 
 use super::progress::Progress;
 use super::run_info::RunInfo;
+use super::run_lock::{Holder, RunLock};
 use crate::checkpoint::{CheckpointStorage, Location};
+
+/// The lock file of `weir run` in the job's state directory.
+pub const RUN_LOCK: &str = "run.lock";
 use crate::control::{self, JobStatus};
 use crate::error::{Error, Result};
 use crate::plan;
@@ -71,6 +75,25 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
     storage.check_writable().await?;
     let base_dir = std::env::current_dir().map_err(Error::io("current directory"))?;
 
+    // One run of a job at a time: its state directory (and a file sink's
+    // output directory) stay locked while any process of this run lives.
+    let holder = Holder {
+        job: spec.name.clone(),
+        pid: std::process::id(),
+        started_unix_ms: crate::checkpoint::now_unix_ms(),
+        state_dir: opts.state_dir.clone(),
+    };
+    let mut locks = Vec::new();
+    if let Some(dir) = &storage.job_root.local {
+        std::fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
+        locks.push(RunLock::acquire(&dir.join(RUN_LOCK), "state directory", &holder)?);
+    }
+    if let weir_api::SinkSpec::File(f) = &spec.sink {
+        let out = base_dir.join(&f.path);
+        std::fs::create_dir_all(&out).map_err(Error::io(format!("file sink: cannot create {}", out.display())))?;
+        locks.push(RunLock::acquire(&out.join(format!(".weir-{}.lock", spec.name)), "output directory", &holder)?);
+    }
+
     let mut restore: Option<Location> = match &opts.restore {
         None => None,
         Some(from) => {
@@ -85,6 +108,14 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
         let r = RestoredState::load(loc.clone()).await?;
         r.check_compatible(&plan_for_checks, opts.allow_non_restored_state)?;
         eprintln!("restoring `{}` from {} {} ({})", spec.name, kind_name(&r), r.meta.checkpoint_id, loc.display);
+    }
+    // The lineage of this run begins here: `latest` names its starting point
+    // (or nothing, for a fresh start) until it completes a checkpoint, so a
+    // restart after a crash resumes this run's own history, never the state
+    // a previous run left behind.
+    match &restore {
+        Some(loc) => storage.mark_restored(loc).await?,
+        None => storage.clear_latest().await?,
     }
 
     let workers = opts.workers.unwrap_or(spec.parallelism).clamp(1, spec.parallelism);
@@ -143,6 +174,7 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
                 .env("WEIR_CONTROL_TOKEN", &token)
                 .stdin(Stdio::null())
                 .kill_on_drop(true);
+            let inherit: Vec<_> = locks.iter().map(|l| l.keep_across_exec()).collect();
             if let Some(loc) = &restore {
                 cmd.arg("--restore").arg(&loc.display);
             }
@@ -153,9 +185,14 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
                 cmd.env("RUST_LOG", "warn");
             }
             // Workers must not outlive the supervisor, however it dies.
+            // A worker inherits the run locks, so they stay held until the
+            // last process of the run is gone.
             unsafe {
-                cmd.pre_exec(|| {
+                cmd.pre_exec(move || {
                     libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    for keep in &inherit {
+                        keep()?;
+                    }
                     Ok(())
                 });
             }
@@ -189,16 +226,15 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
             Outcome::Failed(msg) => {
                 restarts += 1;
                 attempt += 1;
-                let latest = storage.latest().await?;
                 let progressed = latest_id(&storage).await > checkpoint_before;
                 failures_in_a_row = if progressed { 1 } else { failures_in_a_row + 1 };
                 if failures_in_a_row > opts.max_restarts {
                     return Err(Error::Job(format!("{msg}; gave up after {} restarts in a row without a completed checkpoint", opts.max_restarts)));
                 }
                 let backoff = Duration::from_millis(100u64 << (failures_in_a_row - 1).min(6));
-                if let Some(l) = latest {
-                    restore = Some(l);
-                }
+                // `latest` belongs to this run's lineage (set at its start):
+                // its newest checkpoint, or where the run started.
+                restore = storage.latest().await?;
                 let from = restore.as_ref().map(|l| l.display.clone()).unwrap_or_else(|| "the beginning (no checkpoint yet)".into());
                 eprintln!("{msg}; restarting in {:.1}s from {from} (restart {restarts})", backoff.as_secs_f64());
                 tracing::warn!(restarts, backoff_ms = backoff.as_millis() as u64, from = %from, "restoring the job");

@@ -51,6 +51,7 @@ struct OpenFile {
 
 pub struct FileSink {
     dir: PathBuf,
+    job: String,
     subtask: u32,
     run_id: String,
     next_file: u64,
@@ -63,11 +64,12 @@ const TEMP_PREFIX: &str = ".part-";
 const TEMP_SUFFIX: &str = ".inprogress";
 
 impl FileSink {
-    pub fn open(spec: &FileSinkSpec, subtask: u32, run_id: &str, restore: Option<SinkRestore>, base_dir: &Path) -> Result<Self> {
+    pub fn open(spec: &FileSinkSpec, job: &str, subtask: u32, run_id: &str, restore: SinkRestore, base_dir: &Path) -> Result<Self> {
         let dir = base_dir.join(&spec.path);
         std::fs::create_dir_all(&dir).map_err(Error::io(format!("file sink: cannot create {}", dir.display())))?;
         let sink = FileSink {
             dir,
+            job: job.to_string(),
             subtask,
             run_id: run_id.to_string(),
             next_file: 0,
@@ -75,15 +77,15 @@ impl FileSink {
             current: None,
             pending: Vec::new(),
         };
-        if let Some(r) = restore {
-            let pending: Vec<PendingFile> = r.mine.into_iter().flat_map(|s| s.pending).collect();
-            for p in &pending {
-                sink.commit_file(p)?;
-            }
+        let pending: Vec<PendingFile> = restore.mine.into_iter().flat_map(|s| s.pending).collect();
+        for p in &pending {
+            sink.commit_file(p)?;
+        }
+        if !pending.is_empty() {
             sink.sync_dir()?;
-            if let Some(all) = r.all {
-                sink.discard_unreferenced(all)?;
-            }
+        }
+        if let Some(keep) = restore.keep {
+            sink.discard_unreferenced(keep)?;
         }
         Ok(sink)
     }
@@ -94,7 +96,7 @@ impl FileSink {
 
     pub fn write(&mut self, batch: &RecordBatch) -> Result<()> {
         if self.current.is_none() {
-            let stem = format!("part-{}-{:03}-{:06}", self.run_id, self.subtask, self.next_file);
+            let stem = format!("part-{}.{}-{:03}-{:06}", self.job, self.run_id, self.subtask, self.next_file);
             self.next_file += 1;
             let temp = format!(".{stem}.jsonl{TEMP_SUFFIX}");
             let path = self.path(&temp);
@@ -162,16 +164,19 @@ impl FileSink {
             .map_err(Error::io(format!("file sink: syncing directory {}", self.dir.display())))
     }
 
-    /// Deletes in-progress files of earlier attempts that the restored
-    /// checkpoint does not reference. Only files with this sink's own naming
-    /// pattern are touched; the current attempt's files are never touched.
-    fn discard_unreferenced(&self, all: &[FileSinkState]) -> Result<()> {
-        let keep: HashSet<&str> = all.iter().flat_map(|s| s.pending.iter().map(|p| p.temp.as_str())).collect();
+    /// Deletes in-progress files of this job's earlier attempts that no
+    /// retained snapshot references (`keep`: every pending file of every
+    /// complete checkpoint and savepoint, and of the one being restored).
+    /// Only files named for this job are touched (job names have no `.`, so
+    /// the prefix `.part-<job>.` is this job's alone); the current
+    /// attempt's files are never touched.
+    fn discard_unreferenced(&self, keep: &HashSet<String>) -> Result<()> {
         let entries = std::fs::read_dir(&self.dir).map_err(Error::io(format!("file sink: listing {}", self.dir.display())))?;
-        let mine = format!("{TEMP_PREFIX}{}-", self.run_id);
+        let job = format!("{TEMP_PREFIX}{}.", self.job);
+        let current = format!("{job}{}-", self.run_id);
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().to_string();
-            if name.starts_with(TEMP_PREFIX) && name.ends_with(TEMP_SUFFIX) && !name.starts_with(&mine) && !keep.contains(name.as_str()) {
+            if name.starts_with(&job) && name.ends_with(TEMP_SUFFIX) && !name.starts_with(&current) && !keep.contains(name.as_str()) {
                 tracing::info!(file = %name, "discarding in-progress file of a checkpoint that never completed");
                 std::fs::remove_file(entry.path()).map_err(Error::io(format!("file sink: removing {name}")))?;
             }
@@ -207,10 +212,25 @@ mod tests {
         lines
     }
 
+    fn leftovers(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir.join("out"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .filter(|n| n.starts_with('.'))
+            .collect();
+        names.sort();
+        names
+    }
+
+    fn fresh(job: &str, run: &str, dir: &Path) -> FileSink {
+        FileSink::open(&spec(), job, 0, run, SinkRestore::default(), dir).unwrap()
+    }
+
     #[test]
     fn records_become_visible_only_when_their_checkpoint_completes() {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = FileSink::open(&spec(), 0, "r1", None, dir.path()).unwrap();
+        let mut s = fresh("job", "r1", dir.path());
         s.write(&batch(vec![1, 2])).unwrap();
         s.pre_commit(1).unwrap();
         s.write(&batch(vec![3])).unwrap();
@@ -223,21 +243,67 @@ mod tests {
     #[test]
     fn a_restore_commits_the_checkpoints_pending_files_and_drops_the_rest() {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = FileSink::open(&spec(), 0, "r1", None, dir.path()).unwrap();
+        let mut s = fresh("job", "r1", dir.path());
         s.write(&batch(vec![1])).unwrap();
         let state = s.pre_commit(1).unwrap();
         s.write(&batch(vec![2])).unwrap();
         s.pre_commit(2).unwrap(); // checkpoint 2 never completes
         s.write(&batch(vec![3])).unwrap();
         drop(s); // the process dies before the commit notification of 1 arrives
-        let all = vec![state.clone()];
-        let restored = FileSink::open(&spec(), 0, "r2", Some(SinkRestore { mine: vec![state.clone()], all: Some(&all) }), dir.path()).unwrap();
+        let keep: HashSet<String> = state.pending.iter().map(|p| p.temp.clone()).collect();
+        let restored = FileSink::open(&spec(), "job", 0, "r2", SinkRestore { mine: vec![state.clone()], keep: Some(&keep) }, dir.path()).unwrap();
         assert_eq!(visible(dir.path()), vec![r#"{"seq":1}"#]);
-        let leftovers: Vec<_> = std::fs::read_dir(dir.path().join("out")).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with('.')).collect();
-        assert!(leftovers.is_empty(), "{leftovers:?}");
+        assert!(leftovers(dir.path()).is_empty(), "{:?}", leftovers(dir.path()));
         drop(restored);
         // Restoring the same checkpoint twice is harmless: the commit is idempotent.
-        FileSink::open(&spec(), 0, "r3", Some(SinkRestore { mine: vec![state], all: Some(&all) }), dir.path()).unwrap();
+        FileSink::open(&spec(), "job", 0, "r3", SinkRestore { mine: vec![state], keep: Some(&keep) }, dir.path()).unwrap();
         assert_eq!(visible(dir.path()), vec![r#"{"seq":1}"#]);
+    }
+
+    #[test]
+    fn a_fresh_attempt_removes_the_in_progress_files_of_an_attempt_that_crashed_before_any_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = fresh("job", "r1", dir.path());
+        s.write(&batch(vec![1])).unwrap();
+        drop(s); // crashed before its first checkpoint
+        assert_eq!(leftovers(dir.path()).len(), 1);
+        let keep = HashSet::new();
+        FileSink::open(&spec(), "job", 0, "r2", SinkRestore { mine: vec![], keep: Some(&keep) }, dir.path()).unwrap();
+        assert!(leftovers(dir.path()).is_empty(), "{:?}", leftovers(dir.path()));
+    }
+
+    #[test]
+    fn cleanup_keeps_the_files_another_snapshot_references_and_every_file_of_other_jobs() {
+        let dir = tempfile::tempdir().unwrap();
+        // Job "a" takes a savepoint (2) after checkpoint 1, then crashes.
+        let mut a = fresh("a", "r1", dir.path());
+        a.write(&batch(vec![1])).unwrap();
+        let c1 = a.pre_commit(1).unwrap();
+        a.commit(1).unwrap();
+        a.write(&batch(vec![2])).unwrap();
+        let sp2 = a.pre_commit(2).unwrap();
+        a.write(&batch(vec![3])).unwrap();
+        drop(a);
+        // Jobs "a-b" and "ab" write to the same directory (names that share a prefix with "a").
+        let mut other = fresh("a-b", "r9", dir.path());
+        other.write(&batch(vec![7])).unwrap();
+        other.pre_commit(5).unwrap();
+        let mut third = fresh("ab", "r8", dir.path());
+        third.write(&batch(vec![8])).unwrap();
+        drop(third);
+        let before_other: Vec<String> = leftovers(dir.path()).into_iter().filter(|n| !n.starts_with(".part-a.")).collect();
+        // "a" restores checkpoint 1: the savepoint's file must survive, the crashed tail must go.
+        let keep: HashSet<String> = c1.pending.iter().chain(sp2.pending.iter()).map(|p| p.temp.clone()).collect();
+        FileSink::open(&spec(), "a", 0, "r2", SinkRestore { mine: vec![c1], keep: Some(&keep) }, dir.path()).unwrap();
+        let after = leftovers(dir.path());
+        let sp_file = &sp2.pending.last().unwrap().temp;
+        assert!(after.contains(sp_file), "the savepoint's in-progress file was deleted: {after:?}");
+        assert_eq!(after.iter().filter(|n| n.starts_with(".part-a.")).count(), 1, "{after:?}");
+        let after_other: Vec<String> = after.into_iter().filter(|n| !n.starts_with(".part-a.")).collect();
+        assert_eq!(after_other, before_other, "files of other jobs were touched");
+        // The savepoint is still restorable: its pending file commits.
+        let keep2: HashSet<String> = sp2.pending.iter().map(|p| p.temp.clone()).collect();
+        FileSink::open(&spec(), "a", 0, "r3", SinkRestore { mine: vec![sp2], keep: Some(&keep2) }, dir.path()).unwrap();
+        assert!(visible(dir.path()).contains(&r#"{"seq":2}"#.to_string()));
     }
 }

@@ -8,6 +8,7 @@
 
 mod file;
 
+use std::collections::HashSet;
 use std::io::Write;
 use std::path::Path;
 
@@ -25,19 +26,22 @@ pub enum SinkWriter {
     Blackhole,
 }
 
-/// What a restored sink subtask receives.
+/// What a sink subtask receives when it starts.
+#[derive(Default)]
 pub struct SinkRestore<'a> {
-    /// States of the old subtasks this subtask takes over.
+    /// States of the restored snapshot's old subtasks this subtask takes
+    /// over: their pending output is committed before anything new is written.
     pub mine: Vec<FileSinkState>,
-    /// States of every old subtask, given to subtask 0, which discards the
-    /// in-progress files that no checkpoint references.
-    pub all: Option<&'a [FileSinkState]>,
+    /// Given to subtask 0 only: the in-progress files some retained snapshot
+    /// still references. It discards the job's other in-progress files, which
+    /// hold records that will be produced again.
+    pub keep: Option<&'a HashSet<String>>,
 }
 
 impl SinkWriter {
-    pub fn open(spec: &SinkSpec, subtask: u32, run_id: &str, restore: Option<SinkRestore>, base_dir: &Path) -> Result<Self> {
+    pub fn open(spec: &SinkSpec, job: &str, subtask: u32, run_id: &str, restore: SinkRestore, base_dir: &Path) -> Result<Self> {
         Ok(match spec {
-            SinkSpec::File(f) => SinkWriter::File(FileSink::open(f, subtask, run_id, restore, base_dir)?),
+            SinkSpec::File(f) => SinkWriter::File(FileSink::open(f, job, subtask, run_id, restore, base_dir)?),
             SinkSpec::Stdout(_) => SinkWriter::Stdout,
             SinkSpec::Blackhole(_) => SinkWriter::Blackhole,
         })

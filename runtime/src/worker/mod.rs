@@ -108,6 +108,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
             storage: storage.clone(),
             savepoints: control.savepoint_book(),
             restored_from: restored_from.clone(),
+            end_after_stop: matches!(cfg.placement, Placement::Local(_)),
         };
         coordinator_task = Some(tokio::spawn(coordinator::run(ccfg, control_listener, api_rx, status)));
     } else {
@@ -143,9 +144,11 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     let mut sink_notifications: HashMap<u32, broadcast::Receiver<Notification>> = hosted.iter().map(|&j| (j, notify_tx.subscribe())).collect();
     let (start_tx, start_rx) = oneshot::channel::<()>();
     let shutdown = Arc::new(Notify::new());
+    let stopped = Arc::new(Notify::new());
     let (lost_tx, mut lost_rx) = mpsc::channel::<String>(1);
     {
         let shutdown = shutdown.clone();
+        let stopped = stopped.clone();
         let mut start_tx = Some(start_tx);
         tokio::spawn(async move {
             loop {
@@ -172,6 +175,10 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                     Ok(ToWorker::Shutdown) => {
                         shutdown.notify_one();
                         return;
+                    }
+                    Ok(ToWorker::Stopped { savepoint_id }) => {
+                        tracing::info!(savepoint = savepoint_id, "the job was stopped with a savepoint");
+                        stopped.notify_one();
                     }
                     Err(e) => {
                         let _ = lost_tx.send(format!("lost the coordinator at {coordinator_peer}: {e}")).await;
@@ -277,10 +284,12 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
         None => Vec::new(),
     };
     let sink_states = match &restored {
-        Some(r) => Some(r.sink_states()?),
-        None => None,
+        Some(r) => r.sink_states()?,
+        None => Vec::new(),
     };
-    let all_sink_states: Vec<_> = sink_states.iter().flatten().map(|(_, s)| s.clone()).collect();
+    // Subtask 0 of the sink cleans up after earlier attempts; it must keep
+    // whatever any retained snapshot (or the restored one) still references.
+    let keep = if hosted.contains(&0) { Some(restore::referenced_sink_files(&storage, restored.as_ref()).await?) } else { None };
     let mut tasks = JoinSet::new();
     for (stage_index, stage) in plan.stages.iter().enumerate() {
         for &j in &hosted {
@@ -306,11 +315,11 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
             }
             let output = match &stage.output {
                 StageOutput::Sink => {
-                    let restore = sink_states.as_ref().map(|all| SinkRestore {
-                        mine: all.iter().filter(|(old, _)| old % p == j).map(|(_, s)| s.clone()).collect(),
-                        all: (j == 0).then_some(all_sink_states.as_slice()),
-                    });
-                    let sink = SinkWriter::open(&spec.sink, j, &cluster.run_id, restore, &cfg.base_dir)?;
+                    let restore = SinkRestore {
+                        mine: sink_states.iter().filter(|(old, _)| old % p == j).map(|(_, s)| s.clone()).collect(),
+                        keep: if j == 0 { keep.as_ref() } else { None },
+                    };
+                    let sink = SinkWriter::open(&spec.sink, &spec.name, j, &cluster.run_id, restore, &cfg.base_dir)?;
                     let notifications = sink_notifications.remove(&j).ok_or_else(|| Error::Job("sink notifications taken twice".into()))?;
                     Output::Sink { sink, notifications }
                 }
@@ -361,6 +370,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
         }
     };
     tokio::pin!(coordinator_failed);
+    let mut ending = "finished";
     loop {
         tokio::select! {
             joined = tasks.join_next() => match joined {
@@ -369,17 +379,25 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                 Some(Err(e)) => return Err(Error::Job(format!("a subtask crashed: {e}"))),
                 None => break,
             },
+            // Stopped with a savepoint: nothing after it may be committed
+            // (no checkpoint follows). The subtasks are left as they are
+            // until every worker has said so, because a worker that stopped
+            // them first would close its connections and fail the others.
+            _ = stopped.notified() => {
+                ending = "stopped";
+                break;
+            }
             reason = lost(&mut lost_rx) => return Err(Error::Job(reason)),
             e = &mut coordinator_failed => return Err(e),
         }
     }
-    // Every subtask has ended: the final checkpoint is committed here.
+    // Every subtask has ended (the final checkpoint is committed here), or the job was stopped.
     let msg = ToCoordinator::Metrics {
         records_in: counters.records_in.load(std::sync::atomic::Ordering::Relaxed),
         records_out: counters.records_out.load(std::sync::atomic::Ordering::Relaxed),
     };
     metrics.abort();
-    set_phase("finishing");
+    set_phase(if ending == "finished" { "finishing" } else { ending });
     let _ = to_coord.send(msg);
     let _ = to_coord.send(ToCoordinator::Finished);
     tokio::select! {
@@ -387,9 +405,10 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
         _ = shutdown.notified() => {}
         reason = lost(&mut lost_rx) => return Err(Error::Job(reason)),
         e = &mut coordinator_failed => return Err(e),
-        _ = tokio::time::sleep(Duration::from_secs(30)) => return Err(Error::Job("no shutdown from the coordinator after the job finished".into())),
+        _ = tokio::time::sleep(Duration::from_secs(30)) => return Err(Error::Job(format!("no shutdown from the coordinator after the job {ending}"))),
     }
-    set_phase("finished");
+    set_phase(ending);
+    tasks.abort_all();
     // Let the coordinator answer the last status requests of the supervisor.
     tokio::time::sleep(Duration::from_millis(100)).await;
     Ok(())

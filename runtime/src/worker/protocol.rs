@@ -42,6 +42,9 @@ pub enum ToWorker {
     Complete { checkpoint_id: u64 },
     Abort { checkpoint_id: u64 },
     Shutdown,
+    /// The job was stopped with savepoint `savepoint_id` and ends here
+    /// (local mode): stop processing, commit nothing more, exit 0.
+    Stopped { savepoint_id: u64 },
 }
 
 pub type ControlStream = Framed<TcpStream, tokio_util::codec::LengthDelimitedCodec>;

@@ -3,6 +3,7 @@
 //! is read by key group range, pending sink files go to `old % new` (and
 //! subtask 0 sees them all, to clean up).
 
+use std::collections::HashSet;
 use std::io::Cursor;
 
 use arrow::array::RecordBatch;
@@ -113,6 +114,30 @@ impl RestoredState {
         }
         Ok(out)
     }
+}
+
+/// The in-progress sink files that some snapshot may still commit: the
+/// pending files of every complete checkpoint and savepoint in `storage`,
+/// and of `restored` (which may live elsewhere). A snapshot whose metadata
+/// cannot be read is not restorable and keeps nothing.
+pub async fn referenced_sink_files(storage: &CheckpointStorage, restored: Option<&RestoredState>) -> Result<HashSet<String>> {
+    let mut keep = HashSet::new();
+    let mut add = |meta: &CheckpointMetadata| {
+        for s in meta.operators.get(SINK_ID).into_iter().flatten() {
+            if let Some(Ok(state)) = s.inline.as_ref().map(|v| serde_json::from_value::<FileSinkState>(v.clone())) {
+                keep.extend(state.pending.into_iter().map(|p| p.temp));
+            }
+        }
+    };
+    if let Some(r) = restored {
+        add(&r.meta);
+    }
+    for (_, meta) in storage.list_with_metadata().await? {
+        if let Some(meta) = meta {
+            add(&meta);
+        }
+    }
+    Ok(keep)
 }
 
 pub fn encode_state(batch: &RecordBatch) -> Result<Vec<u8>> {

@@ -84,7 +84,15 @@ fn humane(d: Duration) -> String {
 /// Resolves `--restore` now that the run is known: `latest` means the latest
 /// completed checkpoint at this moment, fresh when there is none.
 pub(super) async fn restore_state(cfg: &WorkerConfig, storage: &CheckpointStorage) -> Result<Option<RestoredState>> {
-    let Some(from) = &cfg.restore else { return Ok(None) };
+    let Some(from) = &cfg.restore else {
+        // A fresh start begins a new lineage: a restart of this run with
+        // `--restore latest` before its first checkpoint must start from the
+        // beginning again, not from an older run's state.
+        if cfg.index == 0 {
+            storage.clear_latest().await?;
+        }
+        return Ok(None);
+    };
     let Some(location) = from.resolve(storage).await? else {
         tracing::info!(worker = cfg.index, "no completed checkpoint in {}; starting fresh", storage.job_root.display);
         return Ok(None);

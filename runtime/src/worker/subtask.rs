@@ -80,6 +80,9 @@ impl Subtask {
         let mut source_done = false;
         let mut final_barrier: Option<u64> = None;
         let mut input_ended = false;
+        // The highest checkpoint this sink has committed: the final
+        // checkpoint's completion may reach it before the end of its input.
+        let mut committed: Option<u64> = None;
         loop {
             let ev = self.next_event(&mut source_done, input_ended).await?;
             match ev {
@@ -103,12 +106,16 @@ impl Subtask {
                 Event::End => {
                     self.end().await?;
                     input_ended = true;
+                    if final_barrier.is_some_and(|f| committed.is_some_and(|c| f <= c)) {
+                        return Ok(());
+                    }
                 }
                 Event::Notification(n) => {
                     if let Output::Sink { sink, .. } = &mut self.output {
                         if let Notification::Complete(id) = n {
                             crate::fault::crash_point("before-commit", id);
                             sink.commit(id)?;
+                            committed = committed.max(Some(id));
                             if input_ended && final_barrier.is_some_and(|f| f <= id) {
                                 return Ok(());
                             }
