@@ -75,6 +75,9 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
     storage.check_writable().await?;
     let base_dir = std::env::current_dir().map_err(Error::io("current directory"))?;
 
+    // What to restore is checked before anything is written: a bad
+    // snapshot or a running job leaves the state and output untouched.
+    let mut restore = resolve_restore(&opts, &storage, &spec, &plan_for_checks, true).await?;
     // One run of a job at a time: its state directory (and a file sink's
     // output directory) stay locked while any process of this run lives.
     let holder = Holder {
@@ -94,20 +97,13 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
         locks.push(RunLock::acquire(&out.join(format!(".weir-{}.lock", spec.name)), "output directory", &holder)?);
     }
 
-    let mut restore: Option<Location> = match &opts.restore {
-        None => None,
-        Some(from) => {
-            let loc = from.resolve(&storage).await?;
-            if loc.is_none() {
-                eprintln!("no completed checkpoint of `{}` in {}: starting fresh", spec.name, storage.job_root.display);
-            }
-            loc
+    // Under the lock, `latest` cannot move any more; resolve it again in
+    // case another run moved it in between.
+    if opts.restore == Some(RestoreFrom::Latest) {
+        let now = resolve_restore(&opts, &storage, &spec, &plan_for_checks, false).await?;
+        if now.as_ref().map(|l| &l.display) != restore.as_ref().map(|l| &l.display) {
+            restore = resolve_restore(&opts, &storage, &spec, &plan_for_checks, true).await?;
         }
-    };
-    if let Some(loc) = &restore {
-        let r = RestoredState::load(loc.clone()).await?;
-        r.check_compatible(&plan_for_checks, opts.allow_non_restored_state)?;
-        eprintln!("restoring `{}` from {} {} ({})", spec.name, kind_name(&r), r.meta.checkpoint_id, loc.display);
     }
     // The lineage of this run begins here: `latest` names its starting point
     // (or nothing, for a fresh start) until it completes a checkpoint, so a
@@ -242,6 +238,25 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
             }
         }
     }
+}
+
+/// Resolves `--restore` and checks that the snapshot fits the pipeline;
+/// `say` reports the choice on stderr.
+async fn resolve_restore(opts: &RunOptions, storage: &CheckpointStorage, spec: &PipelineSpec, plan: &plan::JobPlan, say: bool) -> Result<Option<Location>> {
+    let Some(from) = &opts.restore else { return Ok(None) };
+    let Some(loc) = from.resolve(storage).await? else {
+        if say {
+            eprintln!("no completed checkpoint of `{}` in {}: starting fresh", spec.name, storage.job_root.display);
+        }
+        return Ok(None);
+    };
+    if say {
+        let r = RestoredState::load(loc.clone()).await?;
+        r.check_compatible(plan, opts.allow_non_restored_state)?;
+        r.verify_state_files().await?;
+        eprintln!("restoring `{}` from {} {} ({})", spec.name, kind_name(&r), r.meta.checkpoint_id, loc.display);
+    }
+    Ok(Some(loc))
 }
 
 fn kind_name(r: &RestoredState) -> &'static str {

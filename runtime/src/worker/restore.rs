@@ -75,6 +75,18 @@ impl RestoredState {
         Ok(())
     }
 
+    /// Reads every state file of the snapshot and checks its size and CRC
+    /// against the metadata: a damaged snapshot is refused before anything
+    /// relies on it.
+    pub async fn verify_state_files(&self) -> Result<()> {
+        for s in self.meta.operators.values().flatten() {
+            if let Some(file) = &s.file {
+                self.location.read_state_file(file).await?;
+            }
+        }
+        Ok(())
+    }
+
     pub fn source_positions(&self) -> Result<Vec<SourcePositions>> {
         self.inline_states(SOURCE_ID).map(|v| v.into_iter().map(|(_, s)| s).collect())
     }

@@ -99,9 +99,14 @@ pub(super) async fn restore_state(cfg: &WorkerConfig, storage: &CheckpointStorag
     };
     let r = RestoredState::load(location).await?;
     r.check_compatible(&cfg.plan, cfg.allow_non_restored_state)?;
-    // Before any sink commits the snapshot's pending files (every worker writes
-    // the same pointer; the run has not checkpointed yet, so nothing races it).
-    storage.mark_restored(&r.location).await?;
+    // Worker 0 moves the pointer before any sink commits the snapshot's
+    // pending files (sinks commit only after the coordinator it hosts starts
+    // the run), and only once every state file has been read and checked: a
+    // damaged snapshot must fail the restore without becoming `latest`.
+    if cfg.index == 0 {
+        r.verify_state_files().await?;
+        storage.mark_restored(&r.location).await?;
+    }
     tracing::info!(worker = cfg.index, checkpoint = r.meta.checkpoint_id, location = %r.location.display, "restoring");
     Ok(Some(r))
 }
