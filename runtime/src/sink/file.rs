@@ -145,6 +145,8 @@ impl FileSink {
         match std::fs::rename(&temp, &fin) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && fin.exists() => Ok(()),
+            // Every later restore of the checkpoint would find the same: fatal.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::LostPendingFile { temp, final_name: fin, checkpoint: p.checkpoint }),
             Err(e) => Err(Error::Io {
                 context: format!(
                     "file sink: committing {} (checkpoint {}) failed; the file holds records of a completed checkpoint",
@@ -239,5 +241,17 @@ mod tests {
         // Restoring the same checkpoint twice is harmless: the commit is idempotent.
         FileSink::open(&spec(), 0, "r3", Some(SinkRestore { mine: vec![state], all: Some(&all) }), dir.path()).unwrap();
         assert_eq!(visible(dir.path()), vec![r#"{"seq":1}"#]);
+    }
+
+    #[test]
+    fn a_pending_file_gone_under_both_names_is_a_fatal_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = FileSink::open(&spec(), 0, "r1", None, dir.path()).unwrap();
+        s.write(&batch(vec![1])).unwrap();
+        let state = s.pre_commit(1).unwrap();
+        std::fs::remove_file(dir.path().join("out").join(&state.pending[0].temp)).unwrap();
+        let err = s.commit(1).unwrap_err();
+        assert!(err.is_fatal(), "{err}");
+        assert!(err.to_string().contains(&state.pending[0].temp) && err.to_string().contains("checkpoint 1"), "{err}");
     }
 }
