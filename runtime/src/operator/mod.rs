@@ -7,8 +7,6 @@
 
 mod running;
 
-use std::sync::Arc;
-
 use arrow::array::{ArrayRef, AsArray, RecordBatch};
 use arrow::compute::filter_record_batch;
 use arrow::datatypes::SchemaRef;
@@ -146,6 +144,7 @@ pub(crate) fn record_json(batch: &RecordBatch, row: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
     use crate::expr::ExprCompiler;
     use arrow::array::{Int64Array, StringArray};
     use arrow::datatypes::{DataType, Field, Schema};
