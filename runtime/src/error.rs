@@ -58,6 +58,35 @@ pub enum Error {
     #[error("{message}")]
     AlreadyRunning { message: String },
 
+    /// A step failed on one record (division by zero, a failed cast, an
+    /// overflow). The same record meets the same step after every restore, so
+    /// this is fatal; the message says which step, and which record.
+    #[error("{step}: {message}; the record: {record}{}", position.as_ref().map(|p| format!(" (read from {p})")).unwrap_or_default())]
+    Record {
+        /// The step's field in the pipeline, e.g. `steps[1].select`.
+        step: String,
+        message: String,
+        /// The offending record as JSON (shortened if long).
+        record: String,
+        /// Where the source read it, when known.
+        position: Option<String>,
+    },
+
+    /// A record too big for one frame of the exchange; smaller batches are
+    /// split, but one record cannot be.
+    #[error("{context}: one record takes {bytes} bytes encoded, more than the exchange's frame limit of {limit} bytes")]
+    RecordTooLarge { context: String, bytes: usize, limit: usize },
+
+    /// A pending sink file of a completed checkpoint is gone under both its
+    /// in-progress and its final name: its records are lost, and every
+    /// restore of that checkpoint would find the same.
+    #[error("file sink: {temp} (checkpoint {checkpoint}) is gone, and so is its final name {final_name}: the records of a completed checkpoint are lost; was the output directory cleaned while the job ran?")]
+    LostPendingFile { temp: PathBuf, final_name: PathBuf, checkpoint: u64 },
+
+    /// The local supervisor gave up at once on a worker's fatal error.
+    #[error("the job failed and cannot be restarted: {0}")]
+    Fatal(String),
+
     #[error("{0}")]
     Job(String),
 }
@@ -73,6 +102,33 @@ impl Error {
     pub fn arrow(context: impl Into<String>) -> impl FnOnce(arrow::error::ArrowError) -> Error {
         let context = context.into();
         move |source| Error::Arrow { context, source }
+    }
+
+    /// Whether a restart would meet this error again: bad input, a bad
+    /// pipeline, an unusable checkpoint, a record a step cannot process. The
+    /// worker exits with `EXIT_FATAL` for these, and whoever supervises it
+    /// (`weir run`, the operator) stops instead of restoring the job. Anything
+    /// else (a lost peer, storage that did not answer) is worth a restart.
+    pub fn is_fatal(&self) -> bool {
+        match self {
+            Error::Pipeline(_)
+            | Error::Plan { .. }
+            | Error::Expression { .. }
+            | Error::SourceFile { .. }
+            | Error::BadCheckpoint { .. }
+            | Error::StateDir { .. }
+            | Error::Record { .. }
+            | Error::RecordTooLarge { .. }
+            | Error::LostPendingFile { .. }
+            | Error::AlreadyRunning { .. }
+            | Error::Fatal(_) => true,
+            Error::Storage { .. }
+            | Error::Io { .. }
+            | Error::Arrow { .. }
+            | Error::Network { .. }
+            | Error::Protocol { .. }
+            | Error::Job(_) => false,
+        }
     }
 
     pub fn storage(location: impl Into<String>) -> impl FnOnce(object_store::Error) -> Error {

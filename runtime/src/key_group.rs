@@ -7,6 +7,12 @@
 //! checkpoint taken at one parallelism can be restored at another: each new
 //! subtask reads the groups of its range from whichever old files hold them.
 //! The hash is part of the checkpoint format: changing it breaks restores.
+//!
+//! Float keys are hashed by value, not by bit pattern: -0.0 is hashed as 0.0
+//! and every NaN as one NaN, since they compare (or are meant) equal as keys.
+//! This changed the groups of exactly those keys; every other value hashes as
+//! before, so checkpoints written before keep their layout (a restore
+//! recomputes the groups of float keys instead of trusting the stored ones).
 
 use std::ops::RangeInclusive;
 
@@ -27,6 +33,19 @@ pub fn groups_of_subtask(subtask: u32, parallelism: u32, max_parallelism: u32) -
     let start = (s * m).div_ceil(p);
     let end = ((s + 1) * m - 1) / p;
     start as u32..=end as u32
+}
+
+/// The one value a float key stands for: -0.0 is 0.0, and all NaNs (any
+/// sign, any payload) are one NaN. Hashing and keyed state both use it, so
+/// that `-0.0` and `0.0` are the same key everywhere.
+pub fn canonical_f64(v: f64) -> f64 {
+    if v == 0.0 {
+        0.0
+    } else if v.is_nan() {
+        f64::NAN
+    } else {
+        v
+    }
 }
 
 /// Stable 64-bit hashes of the keys of every row, folding several key columns.
@@ -56,7 +75,7 @@ pub fn hash_keys(columns: &[ArrayRef], rows: usize) -> Result<Vec<u64>> {
                     if a.is_null(i) {
                         fold(i, &[0xff]);
                     } else {
-                        fold(i, &a.value(i).to_bits().to_le_bytes());
+                        fold(i, &canonical_f64(a.value(i)).to_bits().to_le_bytes());
                     }
                 }
             }
@@ -107,7 +126,7 @@ pub fn is_key_type(t: &DataType) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow::array::{Int64Array, StringArray};
+    use arrow::array::{Float64Array, Int64Array, StringArray};
     use std::sync::Arc;
 
     #[test]
@@ -148,5 +167,18 @@ mod tests {
             counts[g as usize] += 1;
         }
         assert!(counts.iter().all(|&c| c > 30), "{counts:?}");
+    }
+
+    #[test]
+    fn negative_zero_and_every_nan_hash_like_their_canonical_value() {
+        let weird_nan = f64::from_bits(0xfff8_0000_0000_0001);
+        let keys: ArrayRef = Arc::new(Float64Array::from(vec![0.0, -0.0, f64::NAN, -f64::NAN, weird_nan, 1.5]));
+        let h = hash_keys(&[keys], 6).unwrap();
+        assert_eq!(h[0], h[1], "-0.0 and 0.0");
+        assert_eq!((h[2], h[2]), (h[3], h[4]), "NaNs");
+        assert_ne!(h[0], h[2]);
+        // Other values hash exactly as before: their bit pattern.
+        assert_eq!(h[5], xxh3_64_with_seed(&1.5f64.to_bits().to_le_bytes(), 0));
+        assert_eq!(h[0], xxh3_64_with_seed(&0.0f64.to_bits().to_le_bytes(), 0));
     }
 }

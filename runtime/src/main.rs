@@ -28,6 +28,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a pipeline on this machine as worker processes, restoring it after failures.
+    #[command(after_help = "Exit codes: 0 the job finished; 3 an error a restart cannot fix (a bad pipeline or checkpoint, \
+a record a step fails on), reported by the first attempt; 1 anything else (e.g. --max-restarts exhausted).")]
     Run {
         /// The pipeline file (YAML).
         pipeline: PathBuf,
@@ -140,7 +142,8 @@ Environment: WEIR_CONTROL_TOKEN (the job's token), WEIR_RUN_ID (pod mode: accept
 only this run's membership), WEIR_LOG_JSON (JSON logs), RUST_LOG (log filter).
 
 Exit codes: 0 the job finished; 3 an error a restart cannot fix (bad pipeline,
-unusable checkpoint, missing token); 1 anything else (a lost peer, no membership
+unusable checkpoint, missing token, a record a step fails on, a pending output
+file that is gone); 1 anything else (a lost peer, no membership
 in time): restore the job from the latest checkpoint.";
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -205,7 +208,7 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!(worker = index, error = %e, "worker failed");
-                    if is_fatal(&e) {
+                    if e.is_fatal() {
                         ExitCode::from(local::EXIT_FATAL as u8)
                     } else {
                         ExitCode::FAILURE
@@ -219,7 +222,12 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: {e:#}");
-                    ExitCode::FAILURE
+                    // Scripts tell "fix something first" from "may work if run again".
+                    if e.downcast_ref::<Error>().is_some_and(Error::is_fatal) {
+                        ExitCode::from(local::EXIT_FATAL as u8)
+                    } else {
+                        ExitCode::FAILURE
+                    }
                 }
             }
         }
@@ -257,11 +265,6 @@ async fn take_savepoint(run: &local::RunInfo, stop: bool, within: Duration) -> a
         (SavepointState::Completed, None) => anyhow::bail!("savepoint {request_id} of `{}` completed without a location", run.job),
         _ => anyhow::bail!("savepoint of `{}` failed: {}", run.job, outcome.error.unwrap_or_else(|| "no reason given".into())),
     }
-}
-
-/// Errors that a restart would meet again.
-fn is_fatal(e: &Error) -> bool {
-    matches!(e, Error::Pipeline(_) | Error::Plan { .. } | Error::Expression { .. } | Error::SourceFile { .. } | Error::BadCheckpoint { .. } | Error::StateDir { .. })
 }
 
 async fn run_command(command: Command) -> anyhow::Result<()> {

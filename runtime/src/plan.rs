@@ -43,14 +43,24 @@ pub enum StageOutput {
 
 pub struct OperatorPlan {
     pub id: String,
+    /// The step's field in the pipeline (`steps[2].select`), for errors at run time.
+    pub step: String,
     pub kind: OperatorKind,
     pub output_schema: SchemaRef,
 }
 
 pub enum OperatorKind {
-    Filter(Arc<dyn PhysicalExpr>),
-    Select(Vec<Arc<dyn PhysicalExpr>>),
+    Filter(CompiledExpr),
+    Select(Vec<CompiledExpr>),
     Running(RunningPlan),
+}
+
+/// A compiled expression and the text it was written as, which errors
+/// during evaluation quote.
+#[derive(Clone)]
+pub struct CompiledExpr {
+    pub text: String,
+    pub physical: Arc<dyn PhysicalExpr>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -158,7 +168,8 @@ pub fn plan(spec: &PipelineSpec, src: &PipelineSource) -> Result<JobPlan> {
             }
             StepKind::Filter(text) => {
                 let e = ExprCompiler::new(&schema)?.filter(&field, text).map_err(|e| locate(src, &field, e))?;
-                operators.push(OperatorPlan { id, kind: OperatorKind::Filter(e), output_schema: schema.clone() });
+                let kind = OperatorKind::Filter(CompiledExpr { text: text.clone(), physical: e });
+                operators.push(OperatorPlan { id, step: field.clone(), kind, output_schema: schema.clone() });
             }
             StepKind::Select(items) => {
                 let compiler = ExprCompiler::new(&schema)?;
@@ -183,11 +194,11 @@ pub fn plan(spec: &PipelineSpec, src: &PipelineSource) -> Result<JobPlan> {
                             }
                         }
                     }
-                    exprs.push(e);
+                    exprs.push(CompiledExpr { text: item.clone(), physical: e });
                     fields.push(f);
                 }
                 schema = select_schema(&fields);
-                operators.push(OperatorPlan { id, kind: OperatorKind::Select(exprs), output_schema: schema.clone() });
+                operators.push(OperatorPlan { id, step: field.clone(), kind: OperatorKind::Select(exprs), output_schema: schema.clone() });
             }
             kind => {
                 let key_fields = keys.clone().ok_or_else(|| invalid("expected a key_by step before a running aggregate".into()))?;
@@ -225,6 +236,7 @@ pub fn plan(spec: &PipelineSpec, src: &PipelineSource) -> Result<JobPlan> {
                 schema = Arc::new(Schema::new(fields));
                 operators.push(OperatorPlan {
                     id,
+                    step: field.clone(),
                     kind: OperatorKind::Running(RunningPlan { key_indices, function, input: input_idx, output_type }),
                     output_schema: schema.clone(),
                 });

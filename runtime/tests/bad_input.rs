@@ -108,3 +108,113 @@ fn a_corrupted_checkpoint_metadata_is_reported_and_nothing_is_touched() {
         b[i + 1] ^= 0x20;
     });
 }
+
+/// Runs `yaml` on input files written into a fresh directory; `weir run` may
+/// restart it at most twice, so a wrongly retried failure ends quickly too.
+fn run_on_files(yaml: &str, files: &[(&str, &str)]) -> (tempfile::TempDir, std::process::Output) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("in")).unwrap();
+    for (name, text) in files {
+        std::fs::write(dir.path().join("in").join(name), text).unwrap();
+    }
+    std::fs::write(dir.path().join("p.yaml"), yaml).unwrap();
+    let out = std::process::Command::new(WEIR)
+        .current_dir(dir.path())
+        .args(["run", "p.yaml", "--max-restarts", "2"])
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    (dir, out)
+}
+
+/// Every committed line under `out/`.
+fn output_lines(dir: &std::path::Path) -> Vec<serde_json::Value> {
+    let mut lines = Vec::new();
+    for e in std::fs::read_dir(dir.join("out")).into_iter().flatten().flatten() {
+        if e.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        for line in std::fs::read_to_string(e.path()).unwrap().lines() {
+            lines.push(serde_json::from_str(line).unwrap());
+        }
+    }
+    lines
+}
+
+/// The failure is reported once, as fatal: no restart, exit code 3.
+fn assert_fatal_at_once(out: &std::process::Output) -> String {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(!err.contains("restarting"), "a deterministic failure was retried:\n{err}");
+    assert!(err.contains("cannot be restarted"), "{err}");
+    err
+}
+
+#[test]
+fn a_division_by_zero_in_a_select_fails_at_once_naming_the_step_and_the_record() {
+    // Two workers; the bad record is read by worker 1, so worker 0 (the
+    // coordinator) loses it and exits too: the fatal exit must still decide.
+    let yaml = "name: div\nparallelism: 2\nsource:\n  file:\n    path: in\n    schema: {n: int64, d: int64}\nsteps:\n  - select: [n, \"n / d AS q\"]\n  - key_by: n\n  - running_count: c\nsink:\n  file: {path: out}\n";
+    let (_dir, out) = run_on_files(yaml, &[("a.jsonl", "{\"n\": 1, \"d\": 1}\n"), ("b.jsonl", "{\"n\": 10, \"d\": 2}\n{\"n\": 20, \"d\": 0}\n")]);
+    let err = assert_fatal_at_once(&out);
+    assert!(err.contains("steps[0].select[1]: `n / d AS q` failed"), "{err}");
+    assert!(err.contains(r#"the record: {"n":20,"d":0}"#), "{err}");
+}
+
+#[test]
+fn an_int64_running_sum_overflow_fails_at_once_naming_the_step_and_the_key() {
+    let yaml = "name: sum\nsource:\n  file:\n    path: in\n    schema: {k: int64, v: int64}\nsteps:\n  - key_by: k\n  - running_sum: {field: v}\nsink:\n  file: {path: out}\n";
+    let (dir, out) = run_on_files(yaml, &[("a.jsonl", "{\"k\": 1, \"v\": 9223372036854775807}\n{\"k\": 1, \"v\": 1}\n")]);
+    let err = assert_fatal_at_once(&out);
+    assert!(err.contains("steps[1].running_sum: the int64 sum of key {\"k\":1} overflows"), "{err}");
+    for line in output_lines(dir.path()) {
+        assert!(line["sum_v"].as_i64() != Some(i64::MIN), "a wrapped sum was committed: {line}");
+    }
+}
+
+#[test]
+fn negative_zero_and_zero_keys_share_one_running_count() {
+    let yaml = "name: zeros\nparallelism: 2\nsource:\n  file:\n    path: in\n    schema: {x: float64, i: int64}\nsteps:\n  - key_by: x\n  - running_count: n\nsink:\n  file: {path: out}\n";
+    let input = "{\"x\": 0.0, \"i\": 1}\n{\"x\": -0.0, \"i\": 2}\n{\"x\": 0.0, \"i\": 3}\n{\"x\": -0.0, \"i\": 4}\n";
+    let (dir, out) = run_on_files(yaml, &[("a.jsonl", input)]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut counts: Vec<i64> = output_lines(dir.path()).iter().map(|l| l["n"].as_i64().unwrap()).collect();
+    counts.sort();
+    assert_eq!(counts, vec![1, 2, 3, 4]);
+}
+
+#[test]
+fn restored_state_that_does_not_fit_the_step_fails_at_once_naming_the_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let counting = "name: t\nsource:\n  generator: {events: 100}\nsteps:\n  - key_by: key\n  - running_count: agg\n    id: agg\nsink:\n  file: {path: out}\n";
+    std::fs::write(dir.path().join("p.yaml"), counting).unwrap();
+    let run = |extra: &[&str]| std::process::Command::new(WEIR).current_dir(dir.path()).args(["run", "p.yaml", "--max-restarts", "2"]).args(extra).output().unwrap();
+    let out = run(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // The same step id now keeps a float sum: its old int64 counts do not fit.
+    let summing = "name: t\nsource:\n  generator: {events: 100}\nsteps:\n  - select: [key, \"CAST(value AS DOUBLE) AS v\"]\n  - key_by: key\n  - running_sum: {field: v}\n    id: agg\nsink:\n  file: {path: out}\n";
+    std::fs::write(dir.path().join("p.yaml"), summing).unwrap();
+    let out = run(&["--restore", "latest"]);
+    let err = assert_fatal_at_once(&out);
+    assert!(err.contains("is not a usable checkpoint") && err.contains("the state of `agg`") && err.contains("does not fit"), "{summing}\n{err}");
+}
+
+#[test]
+fn a_pending_output_file_that_is_gone_fails_at_once_naming_it() {
+    let job = Job::counting(1, 100_000, 10, 20_000, "100ms");
+    // The first run crashes after checkpoint 2 completed, before its files are
+    // renamed, and gives up; then the in-progress files are deleted.
+    let out = job.command(&["--max-restarts", "0"]).env("WEIR_FAULT", "before-commit@2").output().unwrap();
+    assert!(!out.status.success(), "{}", stderr(&out));
+    let mut removed = 0;
+    for e in std::fs::read_dir(job.path("out/eo")).unwrap().flatten() {
+        if e.file_name().to_string_lossy().ends_with(".inprogress") {
+            std::fs::remove_file(e.path()).unwrap();
+            removed += 1;
+        }
+    }
+    assert!(removed > 0, "no in-progress file to remove");
+    let out = job.run(&["--restore", "latest"]);
+    let err = assert_fatal_at_once(&out);
+    assert!(err.contains("(checkpoint 2) is gone, and so is its final name"), "{err}");
+}

@@ -1,6 +1,11 @@
 //! Frames on a data connection: length-delimited, a kind byte, then the
 //! payload. Record batches use the Arrow IPC stream format (the schema once,
 //! in the first batch frame); barriers are JSON; end-of-stream is empty.
+//!
+//! A frame is at most [`MAX_FRAME`] bytes. A batch whose encoding is bigger
+//! is sent as several frames of row slices (each a record batch of its own,
+//! so the receiver needs to know nothing about it); only a single record
+//! bigger than the limit cannot be sent, and that is a fatal error.
 
 use arrow::array::RecordBatch;
 use arrow::buffer::Buffer;
@@ -19,9 +24,12 @@ const KIND_BARRIER: u8 = 1;
 const KIND_END: u8 = 2;
 const KIND_HELLO: u8 = 3;
 
-/// Frames up to 256 MiB; a bigger length is a protocol error, not an allocation.
+/// The largest frame, kind byte included: 256 MiB. A reader refuses a bigger
+/// length as a protocol error instead of allocating it.
+pub const MAX_FRAME: usize = 256 << 20;
+
 pub fn codec() -> LengthDelimitedCodec {
-    LengthDelimitedCodec::builder().max_frame_length(256 << 20).new_codec()
+    LengthDelimitedCodec::builder().max_frame_length(MAX_FRAME).new_codec()
 }
 
 /// The first frame on a data connection: which channel it carries.
@@ -51,29 +59,70 @@ pub fn decode_hello(peer: &str, frame: &[u8]) -> Result<Hello> {
 /// Encodes messages of one connection (keeps the IPC stream state).
 pub struct FrameEncoder {
     ipc: StreamWriter<Vec<u8>>,
+    /// The IPC stream's schema message, sent at the start of the first batch frame.
+    header: Vec<u8>,
+    limit: usize,
 }
 
 impl FrameEncoder {
     pub fn new(schema: &SchemaRef) -> Result<Self> {
-        Ok(FrameEncoder { ipc: StreamWriter::try_new(Vec::new(), schema).map_err(Error::arrow("encoding schema"))? })
+        Self::with_limit(schema, MAX_FRAME)
     }
 
-    pub fn encode(&mut self, msg: &Message) -> Result<Bytes> {
-        let mut out = BytesMut::new();
+    /// An encoder whose frames are at most `limit` bytes (tests use small ones).
+    pub fn with_limit(schema: &SchemaRef, limit: usize) -> Result<Self> {
+        let mut ipc = StreamWriter::try_new(Vec::new(), schema).map_err(Error::arrow("encoding schema"))?;
+        let header = std::mem::take(ipc.get_mut());
+        Ok(FrameEncoder { ipc, header, limit })
+    }
+
+    /// The frames of one message: one, except for a batch too big for one frame.
+    pub fn encode(&mut self, msg: &Message) -> Result<Vec<Bytes>> {
+        let mut frames = Vec::with_capacity(1);
         match msg {
-            Message::Batch(b) => {
-                self.ipc.write(b).map_err(Error::arrow("encoding a record batch"))?;
-                let bytes = std::mem::take(self.ipc.get_mut());
-                out.put_u8(KIND_BATCH);
-                out.extend_from_slice(&bytes);
-            }
+            Message::Batch(b) => self.encode_batch(b, &mut frames)?,
             Message::Barrier(b) => {
+                let mut out = BytesMut::new();
                 out.put_u8(KIND_BARRIER);
                 out.extend_from_slice(&serde_json::to_vec(b).unwrap_or_default());
+                frames.push(out.freeze());
             }
-            Message::End => out.put_u8(KIND_END),
+            Message::End => frames.push(Bytes::from_static(&[KIND_END])),
         }
-        Ok(out.freeze())
+        Ok(frames)
+    }
+
+    /// Encodes `batch`, or, when its encoding is over the limit, slices of it
+    /// small enough. Encoding a batch and dropping the bytes leaves the IPC
+    /// writer as it was (it keeps state only for dictionaries, which pipeline
+    /// schemas do not have), so a too-big batch is simply encoded again in parts.
+    fn encode_batch(&mut self, batch: &RecordBatch, frames: &mut Vec<Bytes>) -> Result<()> {
+        self.ipc.write(batch).map_err(Error::arrow("encoding a record batch"))?;
+        let body = std::mem::take(self.ipc.get_mut());
+        let size = 1 + self.header.len() + body.len();
+        if size <= self.limit {
+            let mut out = BytesMut::with_capacity(size);
+            out.put_u8(KIND_BATCH);
+            out.extend_from_slice(&std::mem::take(&mut self.header));
+            out.extend_from_slice(&body);
+            frames.push(out.freeze());
+            return Ok(());
+        }
+        let rows = batch.num_rows();
+        if rows <= 1 {
+            return Err(Error::RecordTooLarge { context: "sending a record to the next stage".into(), bytes: size, limit: self.limit });
+        }
+        // Aim at half the limit so that most slices fit at the first try
+        // even when the records differ in size.
+        let slices = (size / (self.limit / 2).max(1) + 1).clamp(2, rows);
+        let per_slice = rows.div_ceil(slices);
+        let mut offset = 0;
+        while offset < rows {
+            let len = per_slice.min(rows - offset);
+            self.encode_batch(&batch.slice(offset, len), frames)?;
+            offset += len;
+        }
+        Ok(())
     }
 }
 
@@ -116,7 +165,7 @@ impl FrameDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow::array::Int64Array;
+    use arrow::array::{Int64Array, StringArray};
     use arrow::datatypes::{DataType, Field, Schema};
     use std::sync::Arc;
 
@@ -128,8 +177,9 @@ mod tests {
         let mut dec = FrameDecoder::new("test");
         let barrier = Barrier { checkpoint_id: 4, savepoint: false, is_final: false, dir: "checkpoints/chk-4".into() };
         for msg in [Message::Batch(b.clone()), Message::Barrier(barrier.clone()), Message::Batch(b.clone()), Message::End] {
-            let frame = enc.encode(&msg).unwrap();
-            match (msg, dec.decode(frame).unwrap()) {
+            let frames = enc.encode(&msg).unwrap();
+            assert_eq!(frames.len(), 1);
+            match (msg, dec.decode(frames.into_iter().next().unwrap()).unwrap()) {
                 (Message::Batch(x), Message::Batch(y)) => assert_eq!(x, y),
                 (Message::Barrier(x), Message::Barrier(y)) => assert_eq!(x, y),
                 (Message::End, Message::End) => {}
@@ -144,5 +194,46 @@ mod tests {
         for frame in [vec![], vec![9], vec![0, 1, 2, 3], vec![1, b'{']] {
             assert!(dec.decode(Bytes::from(frame)).is_err());
         }
+    }
+
+    fn strings(values: Vec<String>) -> RecordBatch {
+        let schema: SchemaRef = Arc::new(Schema::new(vec![Field::new("n", DataType::Int64, false), Field::new("s", DataType::Utf8, false)]));
+        let n = values.len() as i64;
+        RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from_iter_values(0..n)), Arc::new(StringArray::from(values))]).unwrap()
+    }
+
+    #[test]
+    fn a_batch_bigger_than_the_frame_limit_is_split_into_frames_that_fit() {
+        let limit = 16 << 10;
+        let b = strings((0..5_000).map(|i| format!("record number {i} with some padding")).collect());
+        let mut enc = FrameEncoder::with_limit(&b.schema(), limit).unwrap();
+        let frames = enc.encode(&Message::Batch(b.clone())).unwrap();
+        assert!(frames.len() > 1, "one frame for {} bytes", b.get_array_memory_size());
+        assert!(frames.iter().all(|f| f.len() <= limit), "{:?}", frames.iter().map(|f| f.len()).collect::<Vec<_>>());
+        // The receiver sees ordinary batches that together are the original, in order.
+        let mut dec = FrameDecoder::new("test");
+        let parts: Vec<RecordBatch> = frames
+            .into_iter()
+            .map(|f| match dec.decode(f).unwrap() {
+                Message::Batch(b) => b,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(arrow::compute::concat_batches(&b.schema(), &parts).unwrap(), b);
+        // The stream goes on after the split batch.
+        let small = strings(vec!["x".into()]);
+        let frames = enc.encode(&Message::Batch(small.clone())).unwrap();
+        assert_eq!(frames.len(), 1);
+        assert!(matches!(dec.decode(frames[0].clone()).unwrap(), Message::Batch(b) if b == small));
+    }
+
+    #[test]
+    fn a_single_record_bigger_than_the_frame_limit_is_a_fatal_error_naming_the_limit() {
+        let limit = 4 << 10;
+        let b = strings(vec!["small".into(), "x".repeat(10_000), "small".into()]);
+        let mut enc = FrameEncoder::with_limit(&b.schema(), limit).unwrap();
+        let err = enc.encode(&Message::Batch(b)).unwrap_err();
+        assert!(err.is_fatal(), "{err}");
+        assert!(err.to_string().contains(&format!("frame limit of {limit} bytes")), "{err}");
     }
 }

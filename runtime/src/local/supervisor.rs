@@ -218,7 +218,7 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
                 return Ok(RunSummary { status, restarts, elapsed: started.elapsed() });
             }
             Outcome::Interrupted => return Err(Error::Job("interrupted".into())),
-            Outcome::Fatal(msg) => return Err(Error::Job(format!("the job failed and cannot be restarted: {msg}"))),
+            Outcome::Fatal(msg) => return Err(Error::Fatal(msg)),
             Outcome::Failed(msg) => {
                 restarts += 1;
                 attempt += 1;
@@ -281,6 +281,10 @@ async fn latest_id(storage: &CheckpointStorage) -> u64 {
     }
 }
 
+/// How long the other workers of a failed run may take to exit on their own
+/// before they are killed (see `supervise`).
+const FAILURE_GRACE: Duration = Duration::from_millis(500);
+
 enum Outcome {
     Finished(JobStatus),
     Failed(String),
@@ -321,12 +325,36 @@ async fn supervise(children: &mut Vec<Child>, api: SocketAddr, token: &str, prog
                     }
                     continue;
                 }
+                // The worker that met a fatal error is not always the first
+                // to exit: a peer that lost its connection to it may be
+                // quicker. Let the others end on their own for a moment, so
+                // that a fatal exit among them is seen, then kill the rest.
+                let mut remaining = total - exited_ok - 1;
+                let mut fatal = (code == Some(EXIT_FATAL)).then_some(i);
+                let grace = tokio::time::sleep(FAILURE_GRACE);
+                tokio::pin!(grace);
+                while remaining > 0 && fatal.is_none() {
+                    tokio::select! {
+                        exit = exits.recv() => match exit {
+                            Some((j, r)) => {
+                                remaining -= 1;
+                                if r.ok().and_then(|s| s.code()) == Some(EXIT_FATAL) {
+                                    fatal = Some(j);
+                                }
+                            }
+                            None => break,
+                        },
+                        _ = &mut grace => break,
+                    }
+                }
                 kill_all(&waiting);
                 // Collect the others so that no worker of this run survives the next start.
-                let mut remaining = total - exited_ok - 1;
                 while remaining > 0 {
                     if exits.recv().await.is_none() { break; }
                     remaining -= 1;
+                }
+                if let Some(j) = fatal {
+                    return Outcome::Fatal(format!("worker {j} exited with code {EXIT_FATAL} (an error a restart cannot fix; see its message above)"));
                 }
                 let how = match (&r, code) {
                     (Err(e), _) => format!("worker {i} could not be watched: {e}"),
@@ -336,9 +364,6 @@ async fn supervise(children: &mut Vec<Child>, api: SocketAddr, token: &str, prog
                         format!("worker {i} was killed by signal {}", s.signal().unwrap_or(0))
                     }
                 };
-                if code == Some(EXIT_FATAL) {
-                    return Outcome::Fatal(how);
-                }
                 return Outcome::Failed(how);
             }
             _ = tick.tick() => {
@@ -354,5 +379,38 @@ async fn supervise(children: &mut Vec<Child>, api: SocketAddr, token: &str, prog
                 return Outcome::Interrupted;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn worker(script: &str) -> Child {
+        Command::new("sh").args(["-c", script]).kill_on_drop(true).spawn().unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_fatal_exit_just_after_a_peer_failed_decides_the_outcome() {
+        // Worker 1 loses its connection to worker 0 and exits 1 first; worker
+        // 0, which met the fatal error, exits 3 a moment later.
+        let mut children = vec![worker("sleep 0.2; exit 3"), worker("exit 1"), worker("sleep 30")];
+        let api = free_addr().unwrap();
+        let started = Instant::now();
+        match supervise(&mut children, api, "token", &mut Progress::new(), 0).await {
+            Outcome::Fatal(msg) => assert!(msg.contains("worker 0"), "{msg}"),
+            Outcome::Failed(msg) => panic!("retried: {msg}"),
+            _ => panic!("neither failed nor fatal"),
+        }
+        // The worker that would not exit on its own was killed after the grace.
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn without_a_fatal_exit_a_failure_is_retried_and_stragglers_are_killed() {
+        let mut children = vec![worker("exit 1"), worker("sleep 30")];
+        let started = Instant::now();
+        assert!(matches!(supervise(&mut children, free_addr().unwrap(), "token", &mut Progress::new(), 0).await, Outcome::Failed(_)));
+        assert!(started.elapsed() < Duration::from_secs(5));
     }
 }

@@ -7,21 +7,19 @@
 
 mod running;
 
-use std::sync::Arc;
-
-use arrow::array::{AsArray, RecordBatch};
+use arrow::array::{ArrayRef, AsArray, RecordBatch};
 use arrow::compute::filter_record_batch;
 use arrow::datatypes::SchemaRef;
-use datafusion_physical_expr::PhysicalExpr;
+use datafusion_common::DataFusionError;
 
 use crate::error::{Error, Result};
-use crate::plan::{OperatorKind, OperatorPlan};
+use crate::plan::{CompiledExpr, OperatorKind, OperatorPlan};
 
 pub use running::RunningAggregate;
 
 pub enum Operator {
-    Filter { id: String, predicate: Arc<dyn PhysicalExpr> },
-    Select { id: String, exprs: Vec<Arc<dyn PhysicalExpr>>, schema: SchemaRef },
+    Filter { id: String, step: String, predicate: CompiledExpr },
+    Select { id: String, step: String, exprs: Vec<CompiledExpr>, schema: SchemaRef },
     Running(RunningAggregate),
 }
 
@@ -29,14 +27,16 @@ impl Operator {
     /// An operator instance for one subtask.
     pub fn new(plan: &OperatorPlan, input_schema: &SchemaRef, subtask: u32, parallelism: u32, max_parallelism: u32) -> Result<Self> {
         Ok(match &plan.kind {
-            OperatorKind::Filter(p) => Operator::Filter { id: plan.id.clone(), predicate: p.clone() },
+            OperatorKind::Filter(p) => Operator::Filter { id: plan.id.clone(), step: plan.step.clone(), predicate: p.clone() },
             OperatorKind::Select(exprs) => Operator::Select {
                 id: plan.id.clone(),
+                step: plan.step.clone(),
                 exprs: exprs.clone(),
                 schema: plan.output_schema.clone(),
             },
             OperatorKind::Running(r) => Operator::Running(RunningAggregate::new(
                 plan.id.clone(),
+                plan.step.clone(),
                 r,
                 input_schema,
                 plan.output_schema.clone(),
@@ -57,22 +57,21 @@ impl Operator {
     /// Processes one batch; `None` when nothing is left of it.
     pub fn process(&mut self, batch: RecordBatch) -> Result<Option<RecordBatch>> {
         match self {
-            Operator::Filter { id, predicate } => {
-                let mask = predicate
-                    .evaluate(&batch)
-                    .and_then(|v| v.into_array(batch.num_rows()))
-                    .map_err(|e| Error::Job(format!("filter {id}: {}", e.strip_backtrace())))?;
-                let out = filter_record_batch(&batch, mask.as_boolean()).map_err(Error::arrow(format!("filter {id}")))?;
+            Operator::Filter { step, predicate, .. } => {
+                let mask = evaluate(step, predicate, &batch)?;
+                let Some(mask) = mask.as_boolean_opt() else {
+                    return Err(Error::Job(format!("{step}: `{}` gave {} instead of true or false", predicate.text, mask.data_type())));
+                };
+                let out = filter_record_batch(&batch, mask).map_err(Error::arrow(step.clone()))?;
                 Ok((out.num_rows() > 0).then_some(out))
             }
-            Operator::Select { id, exprs, schema } => {
-                let n = batch.num_rows();
+            Operator::Select { step, exprs, schema, .. } => {
                 let columns = exprs
                     .iter()
-                    .map(|e| e.evaluate(&batch).and_then(|v| v.into_array(n)))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| Error::Job(format!("select {id}: {}", e.strip_backtrace())))?;
-                let out = RecordBatch::try_new(schema.clone(), columns).map_err(Error::arrow(format!("select {id}")))?;
+                    .enumerate()
+                    .map(|(j, e)| evaluate(&format!("{step}[{j}]"), e, &batch))
+                    .collect::<Result<Vec<_>>>()?;
+                let out = RecordBatch::try_new(schema.clone(), columns).map_err(Error::arrow(step.clone()))?;
                 Ok(Some(out))
             }
             Operator::Running(r) => r.process(batch).map(Some),
@@ -84,5 +83,130 @@ impl Operator {
             Operator::Running(r) => Some(r),
             _ => None,
         }
+    }
+}
+
+/// Evaluates an expression on a whole batch. When that fails, the failure
+/// is looked for record by record (only then: it costs one evaluation per
+/// record), so that the error names the record a user has to fix.
+fn evaluate(step: &str, expr: &CompiledExpr, batch: &RecordBatch) -> Result<ArrayRef> {
+    let n = batch.num_rows();
+    let whole = match expr.physical.evaluate(batch).and_then(|v| v.into_array(n)) {
+        Ok(a) => return Ok(a),
+        Err(e) => e,
+    };
+    for row in 0..n {
+        let one = batch.slice(row, 1);
+        if let Err(e) = expr.physical.evaluate(&one).and_then(|v| v.into_array(1)) {
+            return Err(Error::Record {
+                step: step.to_string(),
+                message: format!("`{}` failed: {}", expr.text, evaluation_message(e)),
+                record: record_json(batch, row),
+                position: None,
+            });
+        }
+    }
+    // No single record fails on its own, so nothing says the next attempt
+    // would fail the same way: leave it to a restart.
+    Err(Error::Job(format!("{step}: `{}` failed on a batch of {n} records: {}", expr.text, evaluation_message(whole))))
+}
+
+/// DataFusion's message without its backtrace and its wrapping ("Arrow error:
+/// Divide by zero error" becomes "Divide by zero error").
+fn evaluation_message(e: DataFusionError) -> String {
+    match e.find_root() {
+        DataFusionError::ArrowError(a, _) => a.to_string(),
+        other => other.strip_backtrace(),
+    }
+}
+
+/// Longer records are cut here in error messages, which end up in logs and
+/// Kubernetes events.
+const RECORD_SHOWN: usize = 1000;
+
+/// One row of a batch as a JSON object, for error messages.
+pub(crate) fn record_json(batch: &RecordBatch, row: usize) -> String {
+    let mut w = arrow::json::LineDelimitedWriter::new(Vec::new());
+    let text = match w.write(&batch.slice(row, 1)).and_then(|_| w.finish()) {
+        Ok(()) => String::from_utf8_lossy(&w.into_inner()).trim_end().to_string(),
+        Err(e) => format!("(row {row} of the batch; cannot be shown as JSON: {e})"),
+    };
+    if text.len() <= RECORD_SHOWN {
+        return text;
+    }
+    let mut cut = RECORD_SHOWN;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}… ({} bytes)", &text[..cut], text.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use crate::expr::ExprCompiler;
+    use arrow::array::{Int64Array, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    fn input() -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("n", DataType::Int64, false),
+            Field::new("d", DataType::Int64, false),
+            Field::new("s", DataType::Utf8, false),
+        ]));
+        RecordBatch::try_new(schema, vec![
+            Arc::new(Int64Array::from(vec![10, 20, 30])),
+            Arc::new(Int64Array::from(vec![2, 0, 5])),
+            Arc::new(StringArray::from(vec!["1", "2", "three"])),
+        ])
+        .unwrap()
+    }
+
+    fn select(step: &str, items: &[&str]) -> Operator {
+        let c = ExprCompiler::new(&input().schema()).unwrap();
+        let (exprs, fields): (Vec<_>, Vec<_>) = items
+            .iter()
+            .map(|t| {
+                let (physical, f) = c.select_item(step, t).unwrap();
+                (CompiledExpr { text: t.to_string(), physical }, f)
+            })
+            .unzip();
+        Operator::Select { id: "s".into(), step: step.into(), exprs, schema: crate::expr::select_schema(&fields) }
+    }
+
+    #[test]
+    fn a_division_by_zero_in_a_select_is_fatal_and_names_the_step_the_expression_and_the_record() {
+        let mut op = select("steps[1].select", &["n", "n / d AS q"]);
+        let err = op.process(input()).unwrap_err();
+        assert!(err.is_fatal(), "{err}");
+        let text = err.to_string();
+        assert!(text.starts_with("steps[1].select[1]: `n / d AS q` failed: "), "{text}");
+        assert!(text.to_lowercase().contains("divide by zero"), "{text}");
+        assert!(text.ends_with(r#"the record: {"n":20,"d":0,"s":"2"}"#), "{text}");
+    }
+
+    #[test]
+    fn a_failed_cast_in_a_filter_is_fatal_and_names_the_record() {
+        let schema = input().schema();
+        let predicate = ExprCompiler::new(&schema).unwrap().filter("steps[0].filter", "CAST(s AS BIGINT) > 1").unwrap();
+        let mut op = Operator::Filter {
+            id: "f".into(),
+            step: "steps[0].filter".into(),
+            predicate: CompiledExpr { text: "CAST(s AS BIGINT) > 1".into(), physical: predicate },
+        };
+        let err = op.process(input()).unwrap_err();
+        assert!(err.is_fatal(), "{err}");
+        let text = err.to_string();
+        assert!(text.starts_with("steps[0].filter: `CAST(s AS BIGINT) > 1` failed: "), "{text}");
+        assert!(text.contains("three") && text.ends_with(r#"the record: {"n":30,"d":5,"s":"three"}"#), "{text}");
+    }
+
+    #[test]
+    fn records_are_shown_shortened_when_long() {
+        let schema = Arc::new(Schema::new(vec![Field::new("s", DataType::Utf8, false)]));
+        let b = RecordBatch::try_new(schema, vec![Arc::new(StringArray::from(vec!["é".repeat(5000)]))]).unwrap();
+        let shown = record_json(&b, 0);
+        assert!(shown.len() < RECORD_SHOWN + 40 && shown.ends_with("bytes)"), "{shown}");
     }
 }

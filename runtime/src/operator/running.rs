@@ -3,9 +3,15 @@
 //!
 //! State is a hash map from key to accumulator. A single non-null int64 key
 //! (the common case) is stored as the integer itself; any other key is stored
-//! in Arrow's row format, which is compact and hashable. Snapshots are Arrow
-//! record batches `(key_group, key columns..., acc)`, so a restore at another
+//! in Arrow's row format, which is compact and hashable; float key columns
+//! are made canonical first (-0.0 is 0.0, one NaN), as for key groups, so that
+//! values that are equal as keys are one key. Snapshots are Arrow record
+//! batches `(key_group, key columns..., acc)`, so a restore at another
 //! parallelism keeps exactly the key groups of its range.
+//!
+//! Int64 counts and sums are checked: an overflow fails the job with an error
+//! naming the step, the key and the record, never a wrapped number. Float
+//! sums follow IEEE arithmetic (they reach infinity, not a wrong value).
 
 use std::collections::HashMap;
 use std::ops::RangeInclusive;
@@ -15,8 +21,9 @@ use arrow::array::{Array, ArrayRef, AsArray, Float64Builder, Int64Array, Int64Bu
 use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema, SchemaRef, UInt32Type};
 use arrow::row::{RowConverter, SortField};
 
+use super::record_json;
 use crate::error::{Error, Result};
-use crate::key_group::{groups_of_subtask, key_groups};
+use crate::key_group::{canonical_f64, groups_of_subtask, key_groups};
 use crate::plan::{AggFn, RunningPlan};
 
 type FastMap<K, V> = HashMap<K, V, ahash::RandomState>;
@@ -35,6 +42,8 @@ enum KeyTable {
 
 pub struct RunningAggregate {
     id: String,
+    /// The step's field in the pipeline, e.g. `steps[2].running_sum`.
+    step: String,
     key_indices: Vec<usize>,
     key_fields: Vec<Arc<Field>>,
     function: AggFn,
@@ -47,8 +56,10 @@ pub struct RunningAggregate {
 }
 
 impl RunningAggregate {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         id: String,
+        step: String,
         plan: &RunningPlan,
         input_schema: &SchemaRef,
         output_schema: SchemaRef,
@@ -66,6 +77,7 @@ impl RunningAggregate {
         };
         Ok(RunningAggregate {
             id,
+            step,
             key_indices: plan.key_indices.clone(),
             key_fields,
             function: plan.function,
@@ -89,20 +101,32 @@ impl RunningAggregate {
         }
     }
 
-    fn update(function: AggFn, acc: &mut Acc, value: Acc) {
-        *acc = match (function, *acc, value) {
-            (AggFn::Count, Acc::I(n), _) => Acc::I(n + 1),
+    /// The accumulator after one more record with `value`; `None` when an
+    /// int64 count or sum would overflow.
+    fn update(function: AggFn, acc: Acc, value: Acc) -> Option<Acc> {
+        Some(match (function, acc, value) {
+            (AggFn::Count, Acc::I(n), _) => Acc::I(n.checked_add(1)?),
             (AggFn::Count, _, _) => Acc::I(1),
             (_, a, Acc::Empty) => a,
             (_, Acc::Empty, v) => v,
-            (AggFn::Sum, Acc::I(a), Acc::I(v)) => Acc::I(a.wrapping_add(v)),
+            (AggFn::Sum, Acc::I(a), Acc::I(v)) => Acc::I(a.checked_add(v)?),
             (AggFn::Sum, Acc::F(a), Acc::F(v)) => Acc::F(a + v),
             (AggFn::Min, Acc::I(a), Acc::I(v)) => Acc::I(a.min(v)),
             (AggFn::Min, Acc::F(a), Acc::F(v)) => Acc::F(a.min(v)),
             (AggFn::Max, Acc::I(a), Acc::I(v)) => Acc::I(a.max(v)),
             (AggFn::Max, Acc::F(a), Acc::F(v)) => Acc::F(a.max(v)),
             (_, a, _) => a,
-        };
+        })
+    }
+
+    /// Two accumulators of one key combined (a restore meeting a key twice);
+    /// `None` on int64 overflow.
+    fn merge(function: AggFn, a: Acc, b: Acc) -> Option<Acc> {
+        match (function, a, b) {
+            (AggFn::Count, Acc::I(x), Acc::I(y)) => Some(Acc::I(x.checked_add(y)?)),
+            (AggFn::Count, x, Acc::Empty) | (AggFn::Count, Acc::Empty, x) => Some(x),
+            _ => Self::update(function, a, b),
+        }
     }
 
     /// Appends the aggregate column to the batch.
@@ -125,26 +149,28 @@ impl RunningAggregate {
             }
         };
         let f = self.function;
+        let (step, key_indices) = (&self.step, &self.key_indices);
+        let overflow = |r: usize, acc: Acc| overflow_error(step, key_indices, &batch, r, acc, values(r));
         let mut out = Vec::with_capacity(n);
         match &mut self.table {
             KeyTable::Int64(map) => {
                 let keys = batch.column(self.key_indices[0]).as_primitive::<Int64Type>();
                 for (r, k) in keys.values().iter().enumerate() {
                     let acc = map.entry(*k).or_insert(Acc::Empty);
-                    Self::update(f, acc, values(r));
+                    *acc = Self::update(f, *acc, values(r)).ok_or_else(|| overflow(r, *acc))?;
                     out.push(*acc);
                 }
             }
             KeyTable::Rows { converter, map } => {
                 let cols: Vec<ArrayRef> = self.key_indices.iter().map(|&i| batch.column(i).clone()).collect();
-                let rows = converter.convert_columns(&cols).map_err(Error::arrow(format!("{}: keys", self.id)))?;
+                let rows = converter.convert_columns(&canonical_keys(&cols)).map_err(Error::arrow(format!("{}: keys", self.id)))?;
                 for r in 0..n {
                     let key = rows.row(r);
                     let acc = match map.get_mut(key.as_ref()) {
                         Some(a) => a,
                         None => map.entry(key.as_ref().into()).or_insert(Acc::Empty),
                     };
-                    Self::update(f, acc, values(r));
+                    *acc = Self::update(f, *acc, values(r)).ok_or_else(|| overflow(r, *acc))?;
                     out.push(*acc);
                 }
             }
@@ -186,23 +212,38 @@ impl RunningAggregate {
         RecordBatch::try_new(self.snapshot_schema(), columns).map_err(Error::arrow(ctx()))
     }
 
-    /// Loads the rows of `batch` whose key group this subtask owns.
-    pub fn restore(&mut self, batch: &RecordBatch) -> Result<()> {
+    /// Loads the rows of `batch` whose key group this subtask owns. State that
+    /// does not fit the step is an unusable checkpoint (`location`): every
+    /// restore of it would fail alike.
+    pub fn restore(&mut self, batch: &RecordBatch, location: &str) -> Result<()> {
         let expected = self.snapshot_schema();
         let found = batch.schema();
         let same = found.fields().len() == expected.fields().len()
             && found.fields().iter().zip(expected.fields().iter()).all(|(a, b)| a.data_type() == b.data_type());
         if !same {
-            return Err(Error::Job(format!(
-                "state of `{}` does not fit this pipeline: the checkpoint has columns ({}) but the step now keeps ({}); give the changed step a new id to start its state fresh",
-                self.id,
-                describe(&found),
-                describe(&expected)
-            )));
+            return Err(Error::BadCheckpoint {
+                location: location.to_string(),
+                message: format!(
+                    "the state of `{}` ({}) does not fit this pipeline: the checkpoint has columns ({}) but the step now keeps ({}); give the changed step a new id to start its state fresh",
+                    self.id,
+                    self.step,
+                    describe(&found),
+                    describe(&expected)
+                ),
+            });
         }
-        let groups = batch.column(0).as_primitive::<UInt32Type>();
         let nkeys = self.key_fields.len();
-        let key_columns: Vec<ArrayRef> = (1..=nkeys).map(|i| batch.column(i).clone()).collect();
+        let key_columns: Vec<ArrayRef> = canonical_keys(&(1..=nkeys).map(|i| batch.column(i).clone()).collect::<Vec<_>>());
+        // Checkpoints from before float keys were made canonical may hold a
+        // -0.0 or NaN key under the group of its old hash: the groups of float
+        // keys are computed again rather than read.
+        let recomputed;
+        let groups: &[u32] = if self.key_fields.iter().any(|f| f.data_type() == &DataType::Float64) {
+            recomputed = key_groups(&key_columns, batch.num_rows(), self.max_parallelism)?;
+            &recomputed[..]
+        } else {
+            &batch.column(0).as_primitive::<UInt32Type>().values()[..]
+        };
         let acc_col = batch.column(nkeys + 1);
         let acc_at = |r: usize| -> Acc {
             if acc_col.is_null(r) {
@@ -213,11 +254,16 @@ impl RunningAggregate {
                 Acc::F(acc_col.as_primitive::<Float64Type>().value(r))
             }
         };
+        let f = self.function;
+        let too_big = |r: usize| Error::BadCheckpoint {
+            location: location.to_string(),
+            message: format!("the state of `{}` has two entries of one key that together overflow int64 (row {r})", self.id),
+        };
         match &mut self.table {
             KeyTable::Int64(map) => {
                 let keys = key_columns[0].as_primitive::<Int64Type>();
                 for r in 0..batch.num_rows() {
-                    if self.groups.contains(&groups.value(r)) {
+                    if self.groups.contains(&groups[r]) {
                         map.insert(keys.value(r), acc_at(r));
                     }
                 }
@@ -225,14 +271,44 @@ impl RunningAggregate {
             KeyTable::Rows { converter, map } => {
                 let rows = converter.convert_columns(&key_columns).map_err(Error::arrow(format!("{}: restore", self.id)))?;
                 for r in 0..batch.num_rows() {
-                    if self.groups.contains(&groups.value(r)) {
-                        map.insert(rows.row(r).as_ref().into(), acc_at(r));
+                    if self.groups.contains(&groups[r]) {
+                        // -0.0 and 0.0 were two keys in older checkpoints; now
+                        // they are one, holding what both had counted.
+                        let acc = match map.get(rows.row(r).as_ref()) {
+                            Some(&old) => Self::merge(f, old, acc_at(r)).ok_or_else(|| too_big(r))?,
+                            None => acc_at(r),
+                        };
+                        map.insert(rows.row(r).as_ref().into(), acc);
                     }
                 }
             }
         }
         Ok(())
     }
+}
+
+/// The error for an int64 overflow at row `r`: the step, the key, the
+/// numbers and the record. The same record overflows after every restore, so
+/// the job stops instead of publishing a wrapped number.
+fn overflow_error(step: &str, key_indices: &[usize], batch: &RecordBatch, r: usize, acc: Acc, value: Acc) -> Error {
+    let key = batch.project(key_indices).map(|k| record_json(&k, r)).unwrap_or_else(|_| "?".into());
+    let message = match (acc, value) {
+        (Acc::I(a), Acc::I(v)) => format!("the int64 sum of key {key} overflows: {a} + {v} is out of range"),
+        (Acc::I(a), _) => format!("the int64 count of key {key} overflows at {a} + 1"),
+        _ => format!("the int64 aggregate of key {key} overflows"),
+    };
+    Error::Record { step: step.to_string(), message, record: record_json(batch, r), position: None }
+}
+
+/// Key columns with float values made canonical (see the module comment).
+fn canonical_keys(columns: &[ArrayRef]) -> Vec<ArrayRef> {
+    columns
+        .iter()
+        .map(|c| match c.as_primitive_opt::<Float64Type>() {
+            Some(a) => Arc::new(a.unary::<_, Float64Type>(canonical_f64)) as ArrayRef,
+            None => c.clone(),
+        })
+        .collect()
 }
 
 fn describe(s: &Schema) -> String {
@@ -285,7 +361,7 @@ mod tests {
             Field::new("count", DataType::Int64, false),
         ]));
         let plan = RunningPlan { key_indices: vec![0], function: AggFn::Count, input: None, output_type: DataType::Int64 };
-        RunningAggregate::new("c".into(), &plan, &gen_schema(), out, subtask, parallelism, 16).unwrap()
+        RunningAggregate::new("c".into(), "steps[1].running_count".into(), &plan, &gen_schema(), out, subtask, parallelism, 16).unwrap()
     }
 
     fn batch(keys: Vec<i64>) -> RecordBatch {
@@ -315,7 +391,7 @@ mod tests {
         let mut restored = Vec::new();
         for s in 0..3 {
             let mut o = count_op(s, 3);
-            o.restore(&snap).unwrap();
+            o.restore(&snap, "chk-1").unwrap();
             restored.push(o);
         }
         assert_eq!(restored.iter().map(|o| o.key_count()).sum::<usize>(), 50);
@@ -337,7 +413,7 @@ mod tests {
             Field::new("m", DataType::Float64, true),
         ]));
         let plan = RunningPlan { key_indices: vec![0], function: AggFn::Max, input: Some(1), output_type: DataType::Float64 };
-        let mut op = RunningAggregate::new("m".into(), &plan, &schema, out.clone(), 0, 1, 8).unwrap();
+        let mut op = RunningAggregate::new("m".into(), "steps[1].running_max".into(), &plan, &schema, out.clone(), 0, 1, 8).unwrap();
         let b = RecordBatch::try_new(schema.clone(), vec![
             Arc::new(StringArray::from(vec!["a", "b", "a"])),
             Arc::new(Float64Array::from(vec![Some(1.0), None, Some(0.5)])),
@@ -345,9 +421,103 @@ mod tests {
         let r = op.process(b.clone()).unwrap();
         let m = r.column(2).as_primitive::<Float64Type>();
         assert_eq!((m.value(0), m.is_null(1), m.value(2)), (1.0, true, 1.0));
-        let mut again = RunningAggregate::new("m".into(), &plan, &schema, out, 0, 1, 8).unwrap();
-        again.restore(&op.snapshot().unwrap()).unwrap();
+        let mut again = RunningAggregate::new("m".into(), "steps[1].running_max".into(), &plan, &schema, out, 0, 1, 8).unwrap();
+        again.restore(&op.snapshot().unwrap(), "chk-1").unwrap();
         let r = again.process(b).unwrap();
         assert_eq!(r.column(2).as_primitive::<Float64Type>().value(0), 1.0);
+    }
+
+    fn sum_op(key_type: DataType) -> (RunningAggregate, SchemaRef) {
+        let schema = Arc::new(Schema::new(vec![Field::new("k", key_type.clone(), false), Field::new("v", DataType::Int64, true)]));
+        let out = Arc::new(Schema::new(vec![
+            Field::new("k", key_type, false),
+            Field::new("v", DataType::Int64, true),
+            Field::new("total", DataType::Int64, true),
+        ]));
+        let plan = RunningPlan { key_indices: vec![0], function: AggFn::Sum, input: Some(1), output_type: DataType::Int64 };
+        (RunningAggregate::new("s".into(), "steps[1].running_sum".into(), &plan, &schema, out, 0, 1, 8).unwrap(), schema)
+    }
+
+    #[test]
+    fn an_int64_sum_that_overflows_is_an_error_naming_the_step_and_key_not_a_wrapped_number() {
+        for key_type in [DataType::Int64, DataType::Utf8] {
+            let (mut op, schema) = sum_op(key_type.clone());
+            let keys: ArrayRef = match key_type {
+                DataType::Int64 => Arc::new(Int64Array::from(vec![7, 7])),
+                _ => Arc::new(StringArray::from(vec!["seven", "seven"])),
+            };
+            let b = RecordBatch::try_new(schema, vec![keys, Arc::new(Int64Array::from(vec![i64::MAX, 1]))]).unwrap();
+            let err = op.process(b).unwrap_err();
+            assert!(err.is_fatal(), "{err}");
+            let text = err.to_string();
+            assert!(text.starts_with("steps[1].running_sum: "), "{text}");
+            assert!(text.contains("9223372036854775807 + 1"), "{text}");
+            let (key, record) = match key_type {
+                DataType::Int64 => (r#"{"k":7}"#, r#"{"k":7,"v":1}"#),
+                _ => (r#"{"k":"seven"}"#, r#"{"k":"seven","v":1}"#),
+            };
+            assert!(text.contains(&format!("key {key}")), "{text}");
+            assert!(text.contains(&format!("the record: {record}")), "{text}");
+        }
+    }
+
+    #[test]
+    fn a_count_can_reach_the_largest_int64_but_not_beyond() {
+        assert_eq!(RunningAggregate::update(AggFn::Count, Acc::I(i64::MAX - 1), Acc::Empty), Some(Acc::I(i64::MAX)));
+        assert_eq!(RunningAggregate::update(AggFn::Count, Acc::I(i64::MAX), Acc::Empty), None);
+        assert_eq!(RunningAggregate::update(AggFn::Sum, Acc::I(i64::MIN), Acc::I(-1)), None);
+        assert_eq!(RunningAggregate::update(AggFn::Sum, Acc::F(f64::MAX), Acc::F(f64::MAX)), Some(Acc::F(f64::INFINITY)));
+    }
+
+    fn float_count_op() -> (RunningAggregate, SchemaRef) {
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Float64, true)]));
+        let out = Arc::new(Schema::new(vec![Field::new("k", DataType::Float64, true), Field::new("n", DataType::Int64, false)]));
+        let plan = RunningPlan { key_indices: vec![0], function: AggFn::Count, input: None, output_type: DataType::Int64 };
+        (RunningAggregate::new("n".into(), "steps[1].running_count".into(), &plan, &schema, out, 0, 1, 8).unwrap(), schema)
+    }
+
+    fn float_counts(op: &mut RunningAggregate, schema: &SchemaRef, keys: Vec<f64>) -> Vec<i64> {
+        let b = RecordBatch::try_new(schema.clone(), vec![Arc::new(Float64Array::from(keys))]).unwrap();
+        op.process(b).unwrap().column(1).as_primitive::<Int64Type>().values().to_vec()
+    }
+
+    #[test]
+    fn negative_zero_and_zero_are_one_key_and_so_are_all_nans() {
+        let (mut op, schema) = float_count_op();
+        let other_nan = f64::from_bits(0xfff8_0000_0000_0001);
+        assert_eq!(float_counts(&mut op, &schema, vec![0.0, -0.0, f64::NAN, other_nan, -0.0, 1.0]), vec![1, 2, 1, 2, 3, 1]);
+        assert_eq!(op.key_count(), 3);
+        // Also after a snapshot and a restore.
+        let (mut again, _) = float_count_op();
+        again.restore(&op.snapshot().unwrap(), "chk-1").unwrap();
+        assert_eq!(float_counts(&mut again, &schema, vec![-0.0, f64::NAN]), vec![4, 3]);
+    }
+
+    #[test]
+    fn an_old_checkpoint_with_negative_zero_and_zero_as_two_keys_restores_them_as_one() {
+        // Written before keys were canonical: -0.0 under the group of its own bits.
+        let raw_group = |v: f64| (xxhash_rust::xxh3::xxh3_64_with_seed(&v.to_bits().to_le_bytes(), 0) % 8) as u32;
+        let (op, schema) = float_count_op();
+        let snapshot = RecordBatch::try_new(op.snapshot_schema(), vec![
+            Arc::new(UInt32Array::from(vec![raw_group(0.0), raw_group(-0.0)])),
+            Arc::new(Float64Array::from(vec![0.0, -0.0])),
+            Arc::new(Int64Array::from(vec![2, 3])),
+        ])
+        .unwrap();
+        let (mut restored, _) = float_count_op();
+        restored.restore(&snapshot, "chk-1").unwrap();
+        assert_eq!(restored.key_count(), 1);
+        assert_eq!(float_counts(&mut restored, &schema, vec![-0.0]), vec![6]);
+    }
+
+    #[test]
+    fn state_that_does_not_fit_the_step_is_an_unusable_checkpoint() {
+        let mut counting = count_op(0, 1);
+        counting.process(batch(vec![1, 2])).unwrap();
+        let (mut floats, _) = float_count_op();
+        let err = floats.restore(&counting.snapshot().unwrap(), "state/job/checkpoints/chk-3").unwrap_err();
+        assert!(matches!(err, Error::BadCheckpoint { .. }) && err.is_fatal(), "{err}");
+        let text = err.to_string();
+        assert!(text.contains("chk-3") && text.contains("steps[1].running_count") && text.contains("new id"), "{text}");
     }
 }

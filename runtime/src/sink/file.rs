@@ -147,6 +147,8 @@ impl FileSink {
         match std::fs::rename(&temp, &fin) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && fin.exists() => Ok(()),
+            // Every later restore of the checkpoint would find the same: fatal.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::LostPendingFile { temp, final_name: fin, checkpoint: p.checkpoint }),
             Err(e) => Err(Error::Io {
                 context: format!(
                     "file sink: committing {} (checkpoint {}) failed; the file holds records of a completed checkpoint",
@@ -305,5 +307,17 @@ mod tests {
         let keep2: HashSet<String> = sp2.pending.iter().map(|p| p.temp.clone()).collect();
         FileSink::open(&spec(), "a", 0, "r3", SinkRestore { mine: vec![sp2], keep: Some(&keep2) }, dir.path()).unwrap();
         assert!(visible(dir.path()).contains(&r#"{"seq":2}"#.to_string()));
+    }
+
+    #[test]
+    fn a_pending_file_gone_under_both_names_is_a_fatal_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = fresh("job", "r1", dir.path());
+        s.write(&batch(vec![1])).unwrap();
+        let state = s.pre_commit(1).unwrap();
+        std::fs::remove_file(dir.path().join("out").join(&state.pending[0].temp)).unwrap();
+        let err = s.commit(1).unwrap_err();
+        assert!(err.is_fatal(), "{err}");
+        assert!(err.to_string().contains(&state.pending[0].temp) && err.to_string().contains("checkpoint 1"), "{err}");
     }
 }

@@ -214,6 +214,10 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     let input_schemas: Vec<_> = plan.stages.iter().map(|s| s.input_schema.clone()).collect();
     tokio::spawn(accept_data(data_listener, cluster.run_id.clone(), remote_routes, input_schemas, accepted_tx));
 
+    // Why a data connection's writer gave up, when it was not the network: a
+    // record it cannot encode fails the worker with that error, not with the
+    // "downstream went away" its subtask sees.
+    let encode_failure: Arc<Mutex<Option<Error>>> = Arc::default();
     // Outputs of the hosted subtasks of every stage but the last.
     let mut outputs: HashMap<(usize, u32), Vec<mpsc::Sender<Message>>> = HashMap::new();
     for stage in 0..stages.saturating_sub(1) {
@@ -235,22 +239,34 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                     out.send(encode_hello(&hello)).await.map_err(|e| Error::Network { peer: addr.to_string(), message: e.to_string() })?;
                     let (tx, mut rx) = mpsc::channel::<Message>(CHANNEL_CAPACITY);
                     let mut encoder = FrameEncoder::new(&schema)?;
+                    let encode_failure = encode_failure.clone();
                     tokio::spawn(async move {
                         while let Some(msg) = rx.recv().await {
                             let end = matches!(msg, Message::End);
-                            let frame = match encoder.encode(&msg) {
+                            let frames = match encoder.encode(&msg) {
                                 Ok(f) => f,
                                 Err(e) => {
+                                    // Kept before `rx` is dropped, so it is there
+                                    // when the subtask finds its downstream gone.
                                     tracing::error!(error = %e, "cannot encode a message");
+                                    let mut failure = encode_failure.lock().unwrap_or_else(|p| p.into_inner());
+                                    if failure.is_none() {
+                                        *failure = Some(e);
+                                    }
                                     return;
                                 }
                             };
-                            if let Err(e) = out.send(frame).await {
+                            for frame in frames {
+                                if let Err(e) = out.feed(frame).await {
+                                    tracing::debug!(peer = %addr, error = %e, "data connection closed");
+                                    return;
+                                }
+                            }
+                            if let Err(e) = SinkExt::<bytes::Bytes>::flush(&mut out).await {
                                 tracing::debug!(peer = %addr, error = %e, "data connection closed");
                                 return;
                             }
                             if end {
-                                let _ = SinkExt::<bytes::Bytes>::flush(&mut out).await;
                                 return;
                             }
                         }
@@ -307,7 +323,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                 let mut op = Operator::new(op_plan, &schema, j, p, max_p)?;
                 if let (Some(r), Some(k)) = (&restored, op.as_keyed()) {
                     for batch in r.keyed_batches(op_plan.id.as_str(), j, p).await? {
-                        k.restore(&batch)?;
+                        k.restore(&batch, &r.location.display)?;
                     }
                 }
                 schema = op_plan.output_schema.clone();
@@ -375,7 +391,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
         tokio::select! {
             joined = tasks.join_next() => match joined {
                 Some(Ok(Ok(()))) => {}
-                Some(Ok(Err(e))) => return Err(e),
+                Some(Ok(Err(e))) => return Err(encode_failure.lock().unwrap_or_else(|p| p.into_inner()).take().unwrap_or(e)),
                 Some(Err(e)) => return Err(Error::Job(format!("a subtask crashed: {e}"))),
                 None => break,
             },
