@@ -267,8 +267,13 @@ async fn run_command(command: Command) -> anyhow::Result<()> {
             let restore = restore.as_deref().map(RestoreFrom::parse);
             let summary = local::run(RunOptions { pipeline, state_dir, restore, parallelism, workers, allow_non_restored_state, max_restarts }).await?;
             let st = &summary.status;
+            // Skipped input is said in the human line too: it is data the output lacks.
+            let skipped = match st.records_skipped {
+                0 => String::new(),
+                n => format!(", {n} bad input records skipped"),
+            };
             eprintln!(
-                "finished `{}` in {:.1}s: {} records in, {} records out, {} checkpoints, last checkpoint {}, {} restarts",
+                "finished `{}` in {:.1}s: {} records in, {} records out{skipped}, {} checkpoints, last checkpoint {}, {} restarts",
                 st.job,
                 summary.elapsed.as_secs_f64(),
                 st.records_in,
@@ -280,6 +285,7 @@ async fn run_command(command: Command) -> anyhow::Result<()> {
             // One machine-readable line for scripts and benchmarks.
             println!("{}", serde_json::json!({
                 "job": st.job, "records_in": st.records_in, "records_out": st.records_out,
+                "records_skipped": st.records_skipped,
                 "elapsed_s": summary.elapsed.as_secs_f64(), "restarts": summary.restarts,
                 "checkpoints": st.checkpoints_completed,
                 "last_checkpoint": st.latest_checkpoint.as_ref().map(|c| c.id),
