@@ -112,5 +112,5 @@ fn the_file_source_fails_on_bad_lines_unless_told_to_skip_them() {
     let SourceSpec::File(f) = parse(&file("    bad_lines: skip\n")).unwrap().source else { panic!("not a file source") };
     assert_eq!(f.bad_lines, BadLines::Skip);
     let err = parse(&file("    bad_lines: ignore\n")).unwrap_err().to_string();
-    assert!(err.contains("test.yaml:6") && err.contains("ignore") && err.contains("skip"), "{err}");
+    assert!(err.contains("source.file.bad_lines") && err.contains("line 6") && err.contains("`ignore`") && err.contains("`skip`"), "{err}");
 }
