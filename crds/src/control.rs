@@ -88,6 +88,11 @@ pub struct JobStatus {
     pub parallelism: u32,
     pub records_in: u64,
     pub records_out: u64,
+    /// Input lines a source left out under its bad-line policy (`bad_lines:
+    /// skip`), counted over the job's life: the count restored with the
+    /// checkpoint plus what this run skipped since. Absent from older workers.
+    #[serde(default)]
+    pub records_skipped: u64,
     pub latest_checkpoint: Option<CheckpointStatus>,
     pub last_savepoint: Option<CheckpointStatus>,
     pub checkpoint_in_progress: Option<u64>,
@@ -151,6 +156,16 @@ mod tests {
         assert_eq!(m.api, "10.0.0.5:6120".parse().unwrap());
         assert_eq!(m.worker_of(3), 1);
         assert!(Membership::of_pods("run-1", &[]).is_none());
+    }
+
+    #[test]
+    fn a_status_without_records_skipped_reads_as_none_skipped() {
+        let st = JobStatus { job: "j".into(), records_skipped: 7, ..Default::default() };
+        let mut v = serde_json::to_value(&st).unwrap();
+        assert_eq!(v["records_skipped"], 7);
+        v.as_object_mut().unwrap().remove("records_skipped");
+        let old: JobStatus = serde_json::from_value(v).unwrap();
+        assert_eq!(old.records_skipped, 0);
     }
 
     #[test]

@@ -15,6 +15,6 @@ pub mod pipeline;
 pub mod streamjob;
 
 pub use pipeline::{
-    CheckpointMode, CheckpointSpec, FileSinkSpec, FileSourceSpec, GeneratorSpec, Guarantee,
+    BadLines, CheckpointMode, CheckpointSpec, FileSinkSpec, FileSourceSpec, GeneratorSpec, Guarantee,
     PipelineError, PipelineSpec, SinkSpec, SourceSpec, Step, StepKind,
 };

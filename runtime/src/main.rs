@@ -277,8 +277,13 @@ async fn run_command(command: Command) -> anyhow::Result<()> {
             if let Some(sp) = &stopped_with {
                 eprintln!("stopped `{}` with savepoint {sp}; resume with `weir run --restore {sp}`", st.job);
             }
+            // Skipped input is said in the human line too: it is data the output lacks.
+            let skipped = match st.records_skipped {
+                0 => String::new(),
+                n => format!(", {n} bad input records skipped"),
+            };
             eprintln!(
-                "{} `{}` in {:.1}s: {} records in, {} records out, {} checkpoints, last checkpoint {}, {} restarts",
+                "{} `{}` in {:.1}s: {} records in, {} records out{skipped}, {} checkpoints, last checkpoint {}, {} restarts",
                 if stopped_with.is_some() { "stopped" } else { "finished" },
                 st.job,
                 summary.elapsed.as_secs_f64(),
@@ -291,6 +296,7 @@ async fn run_command(command: Command) -> anyhow::Result<()> {
             // One machine-readable line for scripts and benchmarks.
             println!("{}", serde_json::json!({
                 "job": st.job, "records_in": st.records_in, "records_out": st.records_out,
+                "records_skipped": st.records_skipped,
                 "elapsed_s": summary.elapsed.as_secs_f64(), "restarts": summary.restarts,
                 "checkpoints": st.checkpoints_completed,
                 "last_checkpoint": st.latest_checkpoint.as_ref().map(|c| c.id),

@@ -218,3 +218,64 @@ fn a_pending_output_file_that_is_gone_fails_at_once_naming_it() {
     let err = assert_fatal_at_once(&out);
     assert!(err.contains("(checkpoint 2) is gone, and so is its final name"), "{err}");
 }
+
+/// A file source over a line holding two JSON values (line 2) and a float in
+/// an int64 field (line 4), into an exactly-once file sink.
+fn lines_job(bad_lines: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "name: lines\ncheckpoint:\n  interval: 10s\nsource:\n  file:\n    path: in.jsonl\n    schema: {{n: int64}}\n    batch_size: 1\n{bad_lines}sink:\n  file: {{path: out}}\n"
+    );
+    std::fs::write(dir.path().join("p.yaml"), yaml).unwrap();
+    std::fs::write(dir.path().join("in.jsonl"), "{\"n\":1}\n{\"n\":2} {\"n\":3}\n{\"n\":4}\n{\"n\":1.9}\n{\"n\":5}\n").unwrap();
+    dir
+}
+
+fn committed(dir: &std::path::Path) -> Vec<i64> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir.join("out")).into_iter().flatten().flatten() {
+        if e.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        for line in std::fs::read_to_string(e.path()).unwrap().lines() {
+            out.push(serde_json::from_str::<serde_json::Value>(line).unwrap()["n"].as_i64().unwrap());
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn a_bad_input_line_fails_the_job_at_once_naming_file_line_and_field_and_commits_nothing() {
+    let dir = lines_job("");
+    let started = std::time::Instant::now();
+    let out = std::process::Command::new(WEIR).current_dir(dir.path()).args(["run", "p.yaml"]).output().unwrap();
+    assert!(!out.status.success(), "a job with bad input lines succeeded: {}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("in.jsonl: line 2, column 9") && err.contains("exactly one JSON object per line"), "{err}");
+    assert!(!err.contains("restarting"), "a bad line was retried: {err}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(20), "took {:?}", started.elapsed());
+    assert_eq!(committed(dir.path()), Vec::<i64>::new(), "output was committed");
+
+    // The coerced line is refused too, once the first one is fixed.
+    std::fs::write(dir.path().join("in.jsonl"), "{\"n\":1}\n{\"n\":2}\n{\"n\":4}\n{\"n\":1.9}\n").unwrap();
+    let out = std::process::Command::new(WEIR).current_dir(dir.path()).args(["run", "p.yaml"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("in.jsonl: line 4") && err.contains("field `n`: expected an int64") && err.contains("found 1.9"), "{err}");
+    assert_eq!(committed(dir.path()), Vec::<i64>::new(), "output was committed");
+}
+
+#[test]
+fn bad_lines_skip_commits_the_good_lines_and_reports_how_many_were_skipped() {
+    let dir = lines_job("    bad_lines: skip\n");
+    let out = std::process::Command::new(WEIR).current_dir(dir.path()).args(["run", "p.yaml"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(committed(dir.path()), vec![1, 4, 5]);
+    let summary: serde_json::Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
+    assert_eq!(summary["records_skipped"], 2, "{summary}");
+    assert_eq!(summary["records_in"], 3, "{summary}");
+    let err = stderr(&out);
+    assert!(err.contains("in.jsonl:2") && err.contains("in.jsonl:4"), "the skipped lines were not logged: {err}");
+    assert!(err.contains("2 bad input records skipped"), "{err}");
+}

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 pub use duration::HumanDuration;
 pub use sink::{FileFormat, FileSinkSpec, Guarantee, SinkSpec};
-pub use source::{FieldType, FileSourceSpec, GeneratorSpec, SourceSpec};
+pub use source::{BadLines, FieldType, FileSourceSpec, GeneratorSpec, SourceSpec};
 pub use step::{AggregateSpec, Step, StepKind};
 
 /// Keyed state is split into this many key groups unless the pipeline says

@@ -11,7 +11,8 @@ use super::{PipelineError, PipelineSource};
 pub enum SourceSpec {
     /// Deterministic events: event i has seq = i, key = i % keys, value = i.
     Generator(GeneratorSpec),
-    /// JSON lines from a file or from every file of a directory.
+    /// JSON lines from a file or from every file of a directory, decoded strictly:
+    /// one JSON object per line, only the schema's fields, each of its type.
     File(FileSourceSpec),
 }
 
@@ -40,6 +41,13 @@ fn default_batch_size() -> u32 {
     1024
 }
 
+/// JSON lines, decoded strictly. Each non-blank line must hold exactly one JSON
+/// object whose keys are fields of `schema`; a field that is absent or `null` is
+/// null. Values are never converted: an `int64` field takes only a JSON integer
+/// in range (no fraction, no exponent: `1.0` and `"42"` are refused), a
+/// `float64` field any JSON number, a `string` field a JSON string, a `boolean`
+/// field `true` or `false`. A line that breaks any of this is a bad line, and
+/// `bad_lines` decides what happens to it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FileSourceSpec {
@@ -50,6 +58,22 @@ pub struct FileSourceSpec {
     /// Lines per record batch.
     #[serde(default = "default_batch_size")]
     pub batch_size: u32,
+    /// What a bad line does: `fail` (the default) stops the job with an error
+    /// naming the file, the line and the field; `skip` leaves the line out,
+    /// logs it and counts it in the job's status (`records_skipped`).
+    #[serde(default)]
+    pub bad_lines: BadLines,
+}
+
+/// The policy for a line the file source cannot decode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BadLines {
+    /// The job fails at once (a restart would meet the same line again).
+    #[default]
+    Fail,
+    /// The line is left out, logged with its file and line number, and counted.
+    Skip,
 }
 
 /// Field names and types, in the order written.

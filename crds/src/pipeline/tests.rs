@@ -103,3 +103,14 @@ fn steps_round_trip_through_yaml_with_their_ids() {
     let again = parse(&serde_yaml::to_string(&spec).unwrap()).unwrap();
     assert_eq!(spec, again);
 }
+
+#[test]
+fn the_file_source_fails_on_bad_lines_unless_told_to_skip_them() {
+    let file = |extra: &str| format!("name: t\nsource:\n  file:\n    path: in.jsonl\n    schema: {{a: int64}}\n{extra}sink:\n  blackhole: {{}}\n");
+    let SourceSpec::File(f) = parse(&file("")).unwrap().source else { panic!("not a file source") };
+    assert_eq!(f.bad_lines, BadLines::Fail);
+    let SourceSpec::File(f) = parse(&file("    bad_lines: skip\n")).unwrap().source else { panic!("not a file source") };
+    assert_eq!(f.bad_lines, BadLines::Skip);
+    let err = parse(&file("    bad_lines: ignore\n")).unwrap_err().to_string();
+    assert!(err.contains("source.file.bad_lines") && err.contains("line 6") && err.contains("`ignore`") && err.contains("`skip`"), "{err}");
+}

@@ -98,7 +98,8 @@ struct Coordinator {
     savepoint_queue: VecDeque<Ask>,
     /// Set once a stopping savepoint completed: no snapshot follows.
     stopped_by: Option<u64>,
-    metrics: HashMap<u32, (u64, u64)>,
+    /// Each worker's (records in, records out, records skipped).
+    metrics: HashMap<u32, (u64, u64, u64)>,
 }
 
 /// Runs the coordinator until the job finishes (Ok) or a worker is lost (Err).
@@ -298,12 +299,13 @@ impl Coordinator {
                 ToCoordinator::SourceFinished { subtask } => {
                     self.sources_finished.insert(subtask);
                 }
-                ToCoordinator::Metrics { records_in, records_out } => {
-                    self.metrics.insert(worker, (records_in, records_out));
-                    let (i, o) = self.metrics.values().fold((0, 0), |(a, b), (x, y)| (a + x, b + y));
+                ToCoordinator::Metrics { records_in, records_out, records_skipped } => {
+                    self.metrics.insert(worker, (records_in, records_out, records_skipped));
+                    let (i, o, k) = self.metrics.values().fold((0, 0, 0), |(a, b, c), (x, y, z)| (a + x, b + y, c + z));
                     if let Ok(mut s) = self.status.lock() {
                         s.records_in = i;
                         s.records_out = o;
+                        s.records_skipped = k;
                     }
                 }
                 ToCoordinator::Finished => {

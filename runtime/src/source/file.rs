@@ -2,36 +2,227 @@
 //! order, names beginning with `.` skipped). Each file is a split; its
 //! position is a byte offset, so a restored job resumes at the first line not
 //! yet covered by the checkpoint. Files are expected not to change while the
-//! job reads them.
+//! job reads them; they may grow between runs (appended lines are read on
+//! restore), but a file replaced or rewritten after a checkpoint is refused on
+//! restore, since its byte offset would point into other lines.
+//!
+//! Decoding is strict (see `json.rs`): a line that is not exactly one JSON
+//! object of the schema's fields and types is a bad line, which fails the job
+//! or, with `bad_lines: skip`, is left out, logged and counted.
+//!
+//! A split's position also keeps its line number (so that errors after a
+//! restore name the right line without reading the file from the start), the
+//! lines it skipped, and a fingerprint of the bytes read (see [`FileMark`]).
 
-use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{BufRead, BufReader, Seek, SeekFrom};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use arrow::datatypes::SchemaRef;
-use arrow::json::reader::{Decoder, ReaderBuilder};
-use weir_api::FileSourceSpec;
+use serde::{Deserialize, Serialize};
+use weir_api::{BadLines, FileSourceSpec};
 
+use super::json::LineDecoder;
 use super::{Poll, SourcePositions};
 use crate::error::{Error, Result};
+
+/// How many bytes of a file's start, and of the bytes before a split's offset,
+/// the fingerprint covers.
+const FINGERPRINT_WINDOW: usize = 4096;
+
+/// What a checkpoint keeps of a file split besides its byte offset.
+///
+/// The fingerprint is content only (CRC-32 of the file's first bytes and of
+/// the bytes just before the offset), not inode or modification time, so that
+/// a checkpoint restores on another machine or after the input was copied.
+/// It tells a file that was appended to (same bytes before the offset) from
+/// one that was replaced, truncated or rewritten; a rewrite that keeps both
+/// windows byte for byte is not detected.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FileMark {
+    /// Lines before the offset, blank ones included: the next line read is line `line + 1`.
+    pub line: u64,
+    /// Bad lines before the offset that `bad_lines: skip` left out.
+    pub skipped: u64,
+    pub head_len: u32,
+    pub head_crc: u32,
+    pub tail_len: u32,
+    pub tail_crc: u32,
+}
+
+/// The bytes a fingerprint is computed over, kept while a split is read.
+#[derive(Default)]
+struct Window {
+    head: Vec<u8>,
+    /// The last bytes read; between one and two windows long, trimmed in bulk.
+    tail: Vec<u8>,
+}
+
+impl Window {
+    fn push(&mut self, bytes: &[u8]) {
+        if self.head.len() < FINGERPRINT_WINDOW {
+            let n = (FINGERPRINT_WINDOW - self.head.len()).min(bytes.len());
+            self.head.extend_from_slice(&bytes[..n]);
+        }
+        if bytes.len() >= FINGERPRINT_WINDOW {
+            self.tail.clear();
+            self.tail.extend_from_slice(&bytes[bytes.len() - FINGERPRINT_WINDOW..]);
+            return;
+        }
+        self.tail.extend_from_slice(bytes);
+        if self.tail.len() > 2 * FINGERPRINT_WINDOW {
+            self.tail.drain(..self.tail.len() - FINGERPRINT_WINDOW);
+        }
+    }
+
+    /// The fingerprint fields of a mark (`line` and `skipped` are the split's).
+    fn mark(&self, line: u64, skipped: u64) -> FileMark {
+        let tail = &self.tail[self.tail.len().saturating_sub(FINGERPRINT_WINDOW)..];
+        FileMark {
+            line,
+            skipped,
+            head_len: self.head.len() as u32,
+            head_crc: crc32fast::hash(&self.head),
+            tail_len: tail.len() as u32,
+            tail_crc: crc32fast::hash(tail),
+        }
+    }
+
+    /// Reads the window of the file at `path` for a position at `offset`.
+    fn read(path: &Path, file: &mut File, offset: u64) -> Result<Window> {
+        let err = |e: std::io::Error| Error::SourceFile { path: path.into(), message: format!("cannot read: {e}") };
+        let len = file.metadata().map_err(err)?.len();
+        if len < offset {
+            return Err(Error::SourceFile {
+                path: path.into(),
+                message: format!(
+                    "the file has {len} bytes but the checkpoint read it up to byte {offset}: it was truncated or replaced after the checkpoint. {}",
+                    REPLACED_ADVICE
+                ),
+            });
+        }
+        let n = (FINGERPRINT_WINDOW as u64).min(offset) as usize;
+        let mut head = vec![0; n];
+        file.seek(SeekFrom::Start(0)).and_then(|_| file.read_exact(&mut head)).map_err(err)?;
+        let mut tail = vec![0; n];
+        file.seek(SeekFrom::Start(offset - n as u64)).and_then(|_| file.read_exact(&mut tail)).map_err(err)?;
+        Ok(Window { head, tail })
+    }
+}
+
+const REPLACED_ADVICE: &str = "Resuming at the checkpoint's byte offset would skip or repeat records. Put the file the checkpoint read back, \
+     or run the job without restoring this checkpoint (start it fresh, or restore another checkpoint)";
+
+/// Counts the newlines in the first `offset` bytes: the line number of a
+/// position restored from a checkpoint that did not keep it.
+fn count_lines(path: &Path, file: &mut File, offset: u64) -> Result<u64> {
+    let err = |e: std::io::Error| Error::SourceFile { path: path.into(), message: format!("cannot read: {e}") };
+    file.seek(SeekFrom::Start(0)).map_err(err)?;
+    let mut limited = BufReader::with_capacity(1 << 16, Read::take(&mut *file, offset));
+    let mut lines = 0;
+    loop {
+        let buf = limited.fill_buf().map_err(err)?;
+        if buf.is_empty() {
+            return Ok(lines);
+        }
+        lines += buf.iter().filter(|&&b| b == b'\n').count() as u64;
+        let n = buf.len();
+        limited.consume(n);
+    }
+}
 
 struct Split {
     id: String,
     path: PathBuf,
+    /// Byte offset of the first line not yet read.
     offset: u64,
+    /// The split's mark at `offset` while it is not being read (restored,
+    /// verified, or computed when its end was reached).
+    mark: FileMark,
+    /// While the split is read: the bytes its mark will be computed over.
+    window: Option<Window>,
     done: bool,
+}
+
+impl Split {
+    fn mark(&self) -> FileMark {
+        match &self.window {
+            Some(w) => w.mark(self.mark.line, self.mark.skipped),
+            None => self.mark,
+        }
+    }
+
+    /// `file` at the split's offset is the file the position was taken on.
+    fn verify(&self, file: &mut File, expected: Option<&FileMark>) -> Result<Window> {
+        let window = Window::read(&self.path, file, self.offset)?;
+        if let Some(expected) = expected {
+            let found = window.mark(expected.line, expected.skipped);
+            let differs = if found.head_len != expected.head_len || found.head_crc != expected.head_crc {
+                Some(format!("its first {} bytes differ", expected.head_len))
+            } else if found.tail_len != expected.tail_len || found.tail_crc != expected.tail_crc {
+                Some(format!("the {} bytes before byte {} differ", expected.tail_len, self.offset))
+            } else {
+                None
+            };
+            if let Some(differs) = differs {
+                return Err(Error::SourceFile {
+                    path: self.path.clone(),
+                    message: format!(
+                        "this is not the file the checkpoint read ({differs}): it was replaced or rewritten after the checkpoint. {REPLACED_ADVICE}"
+                    ),
+                });
+            }
+        }
+        Ok(window)
+    }
+}
+
+/// Logs skipped lines: each of the first few, then at most one line every
+/// few seconds with how many were skipped meanwhile.
+struct SkipLog {
+    logged: u64,
+    last: Option<Instant>,
+    unlogged: u64,
+}
+
+impl SkipLog {
+    const FIRST: u64 = 10;
+    const EVERY: Duration = Duration::from_secs(5);
+
+    fn skipped(&mut self, path: &Path, line: u64, message: &str) {
+        let now = Instant::now();
+        if self.logged < Self::FIRST || self.last.is_none_or(|t| now.duration_since(t) >= Self::EVERY) {
+            tracing::warn!(
+                file = %path.display(),
+                line,
+                skipped_without_message = self.unlogged,
+                "bad line skipped (bad_lines: skip): {}:{line}: {message}",
+                path.display()
+            );
+            self.logged += 1;
+            self.last = Some(now);
+            self.unlogged = 0;
+        } else {
+            self.unlogged += 1;
+        }
+    }
 }
 
 pub struct FileReader {
     splits: Vec<Split>,
     current: Option<(usize, BufReader<File>)>,
-    decoder: Decoder,
+    decoder: LineDecoder,
     schema: SchemaRef,
     batch_size: usize,
-    /// The lines of the batch being read, and where each starts in the file.
-    lines: Vec<u8>,
-    starts: Vec<(u64, usize)>,
+    bad_lines: BadLines,
+    /// The line being read (reused).
+    line: Vec<u8>,
+    /// Skipped lines not yet taken by [`FileReader::take_skipped`]; starts
+    /// with those of the restored positions.
+    unreported_skipped: u64,
+    skip_log: SkipLog,
 }
 
 fn list_files(path: &Path) -> Result<Vec<PathBuf>> {
@@ -55,147 +246,141 @@ fn list_files(path: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+fn open(path: &Path) -> Result<File> {
+    File::open(path).map_err(|e| Error::SourceFile { path: path.into(), message: format!("cannot open: {e}") })
+}
+
 impl FileReader {
+    /// Opens the splits `subtask` owns at the restored `positions`, and
+    /// refuses (fatally) a file that is not the one the checkpoint read.
     pub fn new(
         spec: &FileSourceSpec,
         schema: SchemaRef,
         subtask: u32,
         parallelism: u32,
-        positions: &BTreeMap<String, u64>,
+        positions: &SourcePositions,
         base_dir: &Path,
     ) -> Result<Self> {
         let root = base_dir.join(&spec.path);
         let files = list_files(&root)?;
         let mut splits = Vec::new();
+        let mut unreported_skipped = 0;
         for (i, path) in files.into_iter().enumerate() {
             if i as u32 % parallelism != subtask {
                 continue;
             }
             let id = format!("file:{}", path.strip_prefix(&root).unwrap_or(&path).display());
-            let offset = positions.get(&id).copied().unwrap_or(0);
-            splits.push(Split { id, path, offset, done: false });
+            let offset = positions.splits.get(&id).copied().unwrap_or(0);
+            let restored = positions.files.get(&id);
+            let mut split = Split { id, path, offset, mark: restored.copied().unwrap_or_default(), window: None, done: false };
+            if offset > 0 {
+                let mut file = open(&split.path)?;
+                let window = split.verify(&mut file, restored)?;
+                if restored.is_none() {
+                    // A checkpoint from before marks were kept: nothing to
+                    // compare, but the line number can be recovered.
+                    tracing::warn!(file = %split.path.display(), offset, "the checkpoint has no fingerprint of this file; it is resumed unchecked");
+                    split.mark = window.mark(count_lines(&split.path, &mut file, offset)?, 0);
+                }
+            }
+            unreported_skipped += split.mark.skipped;
+            splits.push(split);
         }
-        let decoder = ReaderBuilder::new(schema.clone())
-            .with_batch_size(spec.batch_size as usize)
-            .build_decoder()
-            .map_err(Error::arrow("file source: schema"))?;
-        Ok(FileReader { splits, current: None, decoder, schema, batch_size: spec.batch_size as usize, lines: Vec::new(), starts: Vec::new() })
+        Ok(FileReader {
+            splits,
+            current: None,
+            decoder: LineDecoder::new(&schema)?,
+            schema,
+            batch_size: spec.batch_size.max(1) as usize,
+            bad_lines: spec.bad_lines,
+            line: Vec::new(),
+            unreported_skipped,
+            skip_log: SkipLog { logged: 0, last: None, unlogged: 0 },
+        })
+    }
+
+    fn start(&mut self, i: usize) -> Result<()> {
+        let split = &mut self.splits[i];
+        let mut file = open(&split.path)?;
+        let window = if split.offset > 0 {
+            let mark = split.mark;
+            split.verify(&mut file, Some(&mark))?
+        } else {
+            Window::default()
+        };
+        file.seek(SeekFrom::Start(split.offset)).map_err(|e| Error::SourceFile { path: split.path.clone(), message: e.to_string() })?;
+        split.window = Some(window);
+        self.current = Some((i, BufReader::with_capacity(1 << 16, file)));
+        Ok(())
     }
 
     pub fn poll(&mut self) -> Result<Poll> {
         loop {
-            let (i, reader) = match &mut self.current {
-                Some(c) => (c.0, &mut c.1),
-                None => {
-                    let Some(i) = self.splits.iter().position(|s| !s.done) else { return Ok(Poll::Finished) };
-                    let split = &self.splits[i];
-                    let mut f = File::open(&split.path).map_err(|e| Error::SourceFile { path: split.path.clone(), message: format!("cannot open: {e}") })?;
-                    f.seek(SeekFrom::Start(split.offset)).map_err(|e| Error::SourceFile { path: split.path.clone(), message: e.to_string() })?;
-                    self.current = Some((i, BufReader::with_capacity(1 << 16, f)));
-                    continue;
-                }
-            };
-            self.lines.clear();
-            self.starts.clear();
-            while self.starts.len() < self.batch_size {
-                let split = &mut self.splits[i];
-                let before = self.lines.len();
-                let n = reader
-                    .read_until(b'\n', &mut self.lines)
-                    .map_err(|e| Error::SourceFile { path: split.path.clone(), message: e.to_string() })?;
+            if self.current.is_none() {
+                let Some(i) = self.splits.iter().position(|s| !s.done) else { return Ok(Poll::Finished) };
+                self.start(i)?;
+            }
+            let FileReader { splits, current, decoder, schema, batch_size, bad_lines, line, unreported_skipped, skip_log } = self;
+            let Some((i, reader)) = current.as_mut() else { continue };
+            let split = &mut splits[*i];
+            while decoder.rows() < *batch_size {
+                line.clear();
+                let n = reader.read_until(b'\n', line).map_err(|e| Error::SourceFile { path: split.path.clone(), message: e.to_string() })?;
                 if n == 0 {
+                    split.mark = split.mark();
+                    split.window = None;
                     split.done = true;
+                    *current = None;
                     break;
                 }
-                let start = split.offset;
                 split.offset += n as u64;
-                if self.lines[before..].iter().all(|b| b.is_ascii_whitespace()) {
-                    self.lines.truncate(before);
+                split.mark.line += 1;
+                if let Some(w) = &mut split.window {
+                    w.push(line);
+                }
+                if line.iter().all(|b| b.is_ascii_whitespace()) {
                     continue;
                 }
-                if self.lines.last() != Some(&b'\n') {
-                    self.lines.push(b'\n');
+                if let Err(bad) = decoder.push_line(line) {
+                    let number = split.mark.line;
+                    match bad_lines {
+                        BadLines::Fail => {
+                            return Err(Error::SourceFile {
+                                path: split.path.clone(),
+                                message: format!(
+                                    "line {number}, column {}: {} (the source's `bad_lines: skip` would leave such lines out and count them)",
+                                    bad.column, bad.message
+                                ),
+                            })
+                        }
+                        BadLines::Skip => {
+                            split.mark.skipped += 1;
+                            *unreported_skipped += 1;
+                            skip_log.skipped(&split.path, number, &format!("column {}: {}", bad.column, bad.message));
+                        }
+                    }
                 }
-                self.starts.push((start, before));
             }
-            let split = &self.splits[i];
-            let done = split.done;
-            let decoded = self.decoder.decode(&self.lines).and_then(|_| self.decoder.flush());
-            let batch = match decoded {
-                Ok(b) => b,
-                Err(e) => return Err(self.locate_bad_line(i, e)),
-            };
-            if done {
-                self.current = None;
-            }
-            if let Some(b) = batch {
-                if b.num_rows() > 0 {
-                    return Ok(Poll::Batch(b));
-                }
+            if decoder.rows() > 0 {
+                return Ok(Poll::Batch(decoder.finish(schema)?));
             }
         }
     }
 
-    /// Finds which line of the failed batch is bad, to name its byte offset.
-    fn locate_bad_line(&self, split: usize, batch_error: arrow::error::ArrowError) -> Error {
-        let path = self.splits[split].path.clone();
-        for (k, &(offset, at)) in self.starts.iter().enumerate() {
-            let end = self.starts.get(k + 1).map(|&(_, next)| next).unwrap_or(self.lines.len());
-            let Ok(mut one) = ReaderBuilder::new(self.schema.clone()).build_decoder() else { break };
-            if let Err(e) = one.decode(&self.lines[at..end]).and_then(|_| one.flush()) {
-                return Error::SourceFile { path, message: format!("line at byte {offset}: {e}") };
-            }
-        }
-        Error::SourceFile { path, message: batch_error.to_string() }
+    /// Bad lines skipped since the last call (at first: with those the
+    /// restored positions counted).
+    pub fn take_skipped(&mut self) -> u64 {
+        std::mem::take(&mut self.unreported_skipped)
     }
 
     pub fn positions(&self) -> SourcePositions {
-        SourcePositions { splits: self.splits.iter().map(|s| (s.id.clone(), s.offset)).collect() }
+        SourcePositions {
+            splits: self.splits.iter().map(|s| (s.id.clone(), s.offset)).collect(),
+            // A split not yet read has nothing to check.
+            files: self.splits.iter().filter(|s| s.offset > 0).map(|s| (s.id.clone(), s.mark())).collect(),
+        }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use arrow::array::AsArray;
-    use arrow::datatypes::Int64Type;
-    use weir_api::pipeline::{FieldType, SourceSpec};
-    use weir_api::pipeline::source::Schema;
-
-    fn spec(path: &str) -> FileSourceSpec {
-        FileSourceSpec { path: path.into(), schema: Schema(vec![("n".into(), FieldType::Int64), ("s".into(), FieldType::String)]), batch_size: 2 }
-    }
-
-    fn values(r: &mut FileReader) -> Vec<i64> {
-        let mut out = Vec::new();
-        while let Poll::Batch(b) = r.poll().unwrap() {
-            out.extend(b.column(0).as_primitive::<Int64Type>().values().iter());
-        }
-        out
-    }
-
-    #[test]
-    fn resumes_at_the_byte_offset_of_its_checkpoint() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("a.jsonl"), "{\"n\":1,\"s\":\"x\"}\n{\"n\":2}\n\n{\"n\":3,\"s\":\"y\"}\n{\"n\":4}").unwrap();
-        let sp = spec("a.jsonl");
-        let schema = crate::plan::source_schema(&SourceSpec::File(sp.clone()));
-        let mut r = FileReader::new(&sp, schema.clone(), 0, 1, &BTreeMap::new(), dir.path()).unwrap();
-        let Poll::Batch(b) = r.poll().unwrap() else { panic!() };
-        assert_eq!(b.num_rows(), 2);
-        let pos = r.positions();
-        let mut again = FileReader::new(&sp, schema, 0, 1, &pos.splits, dir.path()).unwrap();
-        assert_eq!(values(&mut again), vec![3, 4]);
-    }
-
-    #[test]
-    fn a_bad_line_names_the_file_and_byte() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("a.jsonl"), "{\"n\":1}\n{\"n\":\"not a number\"}\n").unwrap();
-        let sp = spec("a.jsonl");
-        let schema = crate::plan::source_schema(&SourceSpec::File(sp.clone()));
-        let mut r = FileReader::new(&sp, schema, 0, 1, &BTreeMap::new(), dir.path()).unwrap();
-        let err = r.poll().unwrap_err().to_string();
-        assert!(err.contains("a.jsonl") && err.contains("byte 8"), "{err}");
-    }
-}
+mod tests;

@@ -9,6 +9,7 @@
 
 mod file;
 mod generator;
+mod json;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -21,13 +22,18 @@ use weir_api::SourceSpec;
 
 use crate::error::{Error, Result};
 
-pub use file::FileReader;
+pub use file::{FileMark, FileReader};
 pub use generator::GeneratorReader;
 
 /// The checkpointed positions of the splits one subtask owned.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct SourcePositions {
     pub splits: BTreeMap<String, u64>,
+    /// For file splits read past their start: line number, skipped lines and
+    /// a fingerprint of the file at the position. Absent in checkpoints taken
+    /// before it existed (and for generators), which restore without checks.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub files: BTreeMap<String, FileMark>,
 }
 
 pub enum SourceReader {
@@ -56,16 +62,17 @@ impl SourceReader {
         restored: &[SourcePositions],
         base_dir: &Path,
     ) -> Result<Self> {
-        let mut positions = BTreeMap::new();
+        let mut positions = SourcePositions::default();
         for r in restored {
             for (split, pos) in &r.splits {
-                if positions.insert(split.clone(), *pos).is_some() {
+                if positions.splits.insert(split.clone(), *pos).is_some() {
                     return Err(Error::Job(format!("checkpoint has split `{split}` of the source twice")));
                 }
             }
+            positions.files.extend(r.files.iter().map(|(k, v)| (k.clone(), *v)));
         }
         Ok(match spec {
-            SourceSpec::Generator(g) => SourceReader::Generator(GeneratorReader::new(g, schema, subtask, parallelism, max_parallelism, &positions)?),
+            SourceSpec::Generator(g) => SourceReader::Generator(GeneratorReader::new(g, schema, subtask, parallelism, max_parallelism, &positions.splits)?),
             SourceSpec::File(f) => SourceReader::File(FileReader::new(f, schema, subtask, parallelism, &positions, base_dir)?),
         })
     }
@@ -77,10 +84,38 @@ impl SourceReader {
         }
     }
 
+    /// Input records left out (bad lines under `bad_lines: skip`) since the
+    /// last call; the first call also counts those of the restored positions,
+    /// so that the job's total survives restores and rescaling.
+    pub fn take_skipped(&mut self) -> u64 {
+        match self {
+            SourceReader::Generator(_) => 0,
+            SourceReader::File(f) => f.take_skipped(),
+        }
+    }
+
     pub fn positions(&self) -> SourcePositions {
         match self {
             SourceReader::Generator(g) => g.positions(),
             SourceReader::File(f) => f.positions(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_of_a_checkpoint_without_file_marks_still_read() {
+        let old: SourcePositions = serde_json::from_str(r#"{"splits":{"file:a.jsonl":42}}"#).unwrap();
+        assert_eq!(old.splits["file:a.jsonl"], 42);
+        assert!(old.files.is_empty());
+    }
+
+    #[test]
+    fn generator_positions_are_written_as_before() {
+        let p = SourcePositions { splits: [("generator-0".to_string(), 5)].into(), files: BTreeMap::new() };
+        assert_eq!(serde_json::to_string(&p).unwrap(), r#"{"splits":{"generator-0":5}}"#);
     }
 }

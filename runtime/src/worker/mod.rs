@@ -368,6 +368,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
             let msg = ToCoordinator::Metrics {
                 records_in: metrics_counters.records_in.load(std::sync::atomic::Ordering::Relaxed),
                 records_out: metrics_counters.records_out.load(std::sync::atomic::Ordering::Relaxed),
+                records_skipped: metrics_counters.records_skipped.load(std::sync::atomic::Ordering::Relaxed),
             };
             if metrics_tx.send(msg).is_err() {
                 return;
@@ -411,6 +412,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     let msg = ToCoordinator::Metrics {
         records_in: counters.records_in.load(std::sync::atomic::Ordering::Relaxed),
         records_out: counters.records_out.load(std::sync::atomic::Ordering::Relaxed),
+        records_skipped: counters.records_skipped.load(std::sync::atomic::Ordering::Relaxed),
     };
     metrics.abort();
     set_phase(if ending == "finished" { "finishing" } else { ending });

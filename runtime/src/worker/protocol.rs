@@ -31,7 +31,12 @@ pub enum ToCoordinator {
     Ack { checkpoint_id: u64, ack: SubtaskAck },
     Decline { checkpoint_id: u64, reason: String },
     SourceFinished { subtask: u32 },
-    Metrics { records_in: u64, records_out: u64 },
+    Metrics {
+        records_in: u64,
+        records_out: u64,
+        #[serde(default)]
+        records_skipped: u64,
+    },
     Finished,
 }
 

@@ -29,6 +29,8 @@ use crate::source::{Poll, SourceReader};
 pub struct Counters {
     pub records_in: AtomicU64,
     pub records_out: AtomicU64,
+    /// Input records a source left out under its bad-line policy.
+    pub records_skipped: AtomicU64,
 }
 
 /// What the coordinator tells sinks.
@@ -135,6 +137,7 @@ impl Subtask {
             _ => None,
         };
         let input = &mut self.input;
+        let counters = &self.counters;
         let input_next = async {
             if input_ended {
                 return std::future::pending::<Result<Event>>().await;
@@ -153,7 +156,9 @@ impl Subtask {
                     if *source_done {
                         return triggers.recv().await.map(Event::Barrier).ok_or_else(lost);
                     }
-                    match reader.poll()? {
+                    let polled = reader.poll();
+                    counters.records_skipped.fetch_add(reader.take_skipped(), Ordering::Relaxed);
+                    match polled? {
                         Poll::Batch(b) => Ok(Event::Batch(b)),
                         Poll::Finished => {
                             *source_done = true;
