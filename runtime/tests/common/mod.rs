@@ -34,8 +34,15 @@ impl Job {
     }
 
     /// Replaces `pipeline.yaml`: what a user does to change a job between runs.
+    /// Atomically and only when it changes: `weir run` reads the file again
+    /// for every restart, and must never see it half written.
     pub fn write_pipeline(&self, yaml: &str) {
-        std::fs::write(self.path("pipeline.yaml"), yaml).unwrap();
+        let path = self.path("pipeline.yaml");
+        if std::fs::read_to_string(&path).is_ok_and(|old| old == yaml) {
+            return;
+        }
+        std::fs::write(self.path(".pipeline.yaml.new"), yaml).unwrap();
+        std::fs::rename(self.path(".pipeline.yaml.new"), path).unwrap();
     }
 
     /// Any `weir` subcommand, run in the job's directory.
