@@ -19,12 +19,37 @@ pub struct Job {
 impl Job {
     /// A generator → key_by → running_count → file pipeline.
     pub fn counting(parallelism: u32, events: u64, keys: u64, rate: u64, interval: &str) -> Job {
-        let dir = tempfile::tempdir().unwrap();
         let yaml = format!(
             "name: eo-test\nparallelism: {parallelism}\ncheckpoint:\n  interval: {interval}\n  mode: aligned\nsource:\n  generator:\n    events: {events}\n    keys: {keys}\n    rate: {rate}\n    batch_size: 256\nsteps:\n  - key_by: key\n  - running_count: count\nsink:\n  file:\n    path: out/eo\n    format: jsonl\n    guarantee: exactly-once\n"
         );
-        std::fs::write(dir.path().join("pipeline.yaml"), yaml).unwrap();
-        Job { dir, events, keys }
+        Job::with_pipeline(&yaml, events, keys)
+    }
+
+    /// A job of any pipeline named `eo-test` whose sink writes to `out/eo`
+    /// (what `worker_pids` and `committed_lines` expect).
+    pub fn with_pipeline(yaml: &str, events: u64, keys: u64) -> Job {
+        let job = Job { dir: tempfile::tempdir().unwrap(), events, keys };
+        job.write_pipeline(yaml);
+        job
+    }
+
+    /// Replaces `pipeline.yaml`: what a user does to change a job between runs.
+    /// Atomically and only when it changes: `weir run` reads the file again
+    /// for every restart, and must never see it half written.
+    pub fn write_pipeline(&self, yaml: &str) {
+        let path = self.path("pipeline.yaml");
+        if std::fs::read_to_string(&path).is_ok_and(|old| old == yaml) {
+            return;
+        }
+        std::fs::write(self.path(".pipeline.yaml.new"), yaml).unwrap();
+        std::fs::rename(self.path(".pipeline.yaml.new"), path).unwrap();
+    }
+
+    /// Any `weir` subcommand, run in the job's directory.
+    pub fn weir(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(WEIR);
+        c.current_dir(self.dir.path()).args(args).env("RUST_LOG", "warn");
+        c
     }
 
     pub fn path(&self, rel: &str) -> PathBuf {
@@ -127,6 +152,97 @@ pub fn wait_with_timeout(mut child: Child, limit: Duration) -> Output {
 
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+/// Every file under `dir` with its size and a hash of its content: two
+/// listings are equal iff the trees are byte-identical.
+pub fn tree_digest(dir: &Path) -> BTreeMap<PathBuf, (u64, u64)> {
+    use std::hash::{Hash, Hasher};
+    snapshot_tree(dir)
+        .into_keys()
+        .filter_map(|p| {
+            let bytes = std::fs::read(&p).ok()?;
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            bytes.hash(&mut h);
+            Some((p, (bytes.len() as u64, h.finish())))
+        })
+        .collect()
+}
+
+/// Copies the tree under `from` to `to` (created), keeping its layout.
+pub fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), &target).unwrap();
+        }
+    }
+}
+
+/// A spawned process group (`weir run` and its workers) that is killed when
+/// dropped, so that no test path, a panic included, leaves processes behind.
+/// The group is killed once, at the moment its leader is found to have ended
+/// (orphaned workers go with it), and never after, so that a process group id
+/// reused by the system is never hit.
+pub struct KillOnDrop {
+    child: Child,
+    status: Option<std::process::ExitStatus>,
+}
+
+impl KillOnDrop {
+    pub fn new(child: Child) -> Self {
+        KillOnDrop { child, status: None }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The exit status if the process has ended.
+    pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+        if self.status.is_none() {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                kill_group(self.child.id());
+                self.status = Some(s);
+            }
+        }
+        self.status
+    }
+
+    /// Waits up to `limit`; `None` if it is still running then (it is left running).
+    pub fn wait_for(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let start = Instant::now();
+        loop {
+            if let Some(s) = self.try_wait() {
+                return Some(s);
+            }
+            if start.elapsed() > limit {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILLs the whole group (if still running) and returns the exit status.
+    pub fn kill(&mut self) -> std::process::ExitStatus {
+        if self.status.is_none() {
+            kill_group(self.child.id());
+            self.status = Some(self.child.wait().unwrap());
+        }
+        self.status.unwrap()
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if self.status.is_none() {
+            kill_group(self.child.id());
+            let _ = self.child.wait();
+        }
+    }
 }
 
 /// A listing of every file under `dir` with its size and modification time.
