@@ -67,7 +67,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-const REPRODUCE: &str = "cargo test --release -p weir-runtime --test lifecycle";
+const REPRODUCE: &str = "cargo test --release --workspace --test lifecycle";
 const MAX_PARALLELISM: u32 = 8;
 const JOB_DIR: &str = "state/eo-test";
 /// Bound on any run that should end by itself. Ten restarts with backoff (a
@@ -199,7 +199,7 @@ fn check_output(out: &Path, size: Size, may_repeat: Option<&HashSet<i64>>) -> St
 
 fn in_progress_files(out: &Path) -> BTreeSet<String> {
     std::fs::read_dir(out)
-        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().to_string()).filter(|n| n.starts_with('.')).collect())
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().to_string()).filter(|n| n.ends_with(".inprogress")).collect())
         .unwrap_or_default()
 }
 
@@ -743,10 +743,10 @@ impl<'a> Model<'a> {
         let status = p.wait_for(Duration::from_secs(60));
         drop(p);
         let text = std::fs::read_to_string(&err).unwrap_or_default();
-        let invariant = "restoring a damaged snapshot fails at once (exit 1, no restarts) naming the file";
+        let invariant = "restoring a damaged snapshot fails at once (exit 3: not worth a restart; no restarts) naming the file";
         match status {
             None => return Err(violation(invariant, format!("still running after 60 s; stderr:\n{}", tail(&err, 15)))),
-            Some(st) if st.code() != Some(1) || !text.contains("cannot be restarted") || text.contains("restarting") => {
+            Some(st) if st.code() != Some(3) || text.contains("restarting") => {
                 return Err(violation(invariant, format!("{st}; stderr:\n{}", tail(&err, 15))));
             }
             Some(_) if !text.contains(&name) => return Err(violation(invariant, format!("the error does not name {name}:\n{}", tail(&err, 15)))),
