@@ -391,14 +391,24 @@ impl Coordinator {
                     }
                 }
                 if p.kind == SnapshotKind::Checkpoint {
-                    self.broadcast(ToWorker::Complete { checkpoint_id: p.id });
                     let storage = self.cfg.storage.clone();
                     let retain = self.cfg.retain;
-                    tokio::spawn(async move {
+                    if p.is_final {
+                        // The job ends with this checkpoint: retention is done
+                        // before the commit, so that the final cleanup of
+                        // in-progress files sees what is retained.
                         if let Err(e) = storage.apply_retention(retain).await {
                             tracing::warn!(error = %e, "could not delete old checkpoints");
                         }
-                    });
+                        self.broadcast(ToWorker::Complete { checkpoint_id: p.id });
+                    } else {
+                        self.broadcast(ToWorker::Complete { checkpoint_id: p.id });
+                        tokio::spawn(async move {
+                            if let Err(e) = storage.apply_retention(retain).await {
+                                tracing::warn!(error = %e, "could not delete old checkpoints");
+                            }
+                        });
+                    }
                 }
                 if p.is_final {
                     self.final_completed = true;

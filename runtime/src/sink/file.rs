@@ -173,18 +173,27 @@ impl FileSink {
     /// the prefix `.part-<job>.` is this job's alone); the current
     /// attempt's files are never touched.
     fn discard_unreferenced(&self, keep: &HashSet<String>) -> Result<()> {
-        let entries = std::fs::read_dir(&self.dir).map_err(Error::io(format!("file sink: listing {}", self.dir.display())))?;
-        let job = format!("{TEMP_PREFIX}{}.", self.job);
-        let current = format!("{job}{}-", self.run_id);
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().to_string();
-            if name.starts_with(&job) && name.ends_with(TEMP_SUFFIX) && !name.starts_with(&current) && !keep.contains(name.as_str()) {
-                tracing::info!(file = %name, "discarding in-progress file of a checkpoint that never completed");
-                std::fs::remove_file(entry.path()).map_err(Error::io(format!("file sink: removing {name}")))?;
-            }
-        }
-        Ok(())
+        discard_unreferenced(&self.dir, &self.job, &self.run_id, keep)
     }
+}
+
+/// Deletes the in-progress files of job `job` in `dir` that are not of run
+/// `run_id` and not in `keep` (see [`FileSink::discard_unreferenced`]).
+/// Also called once a job has finished: a checkpoint whose metadata was
+/// written just before its run died (so the run restarted from the one
+/// before) keeps its files only until retention deletes it.
+pub fn discard_unreferenced(dir: &Path, job: &str, run_id: &str, keep: &HashSet<String>) -> Result<()> {
+    let entries = std::fs::read_dir(dir).map_err(Error::io(format!("file sink: listing {}", dir.display())))?;
+    let job = format!("{TEMP_PREFIX}{job}.");
+    let current = format!("{job}{run_id}-");
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        if name.starts_with(&job) && name.ends_with(TEMP_SUFFIX) && !name.starts_with(&current) && !keep.contains(name.as_str()) {
+            tracing::info!(file = %name, "discarding in-progress file of a checkpoint that never completed");
+            std::fs::remove_file(entry.path()).map_err(Error::io(format!("file sink: removing {name}")))?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

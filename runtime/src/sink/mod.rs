@@ -38,6 +38,15 @@ pub struct SinkRestore<'a> {
     pub keep: Option<&'a HashSet<String>>,
 }
 
+/// Once a job has finished (its final checkpoint committed): deletes the
+/// in-progress files of the job that no retained snapshot references.
+pub fn clean_up_after_finish(spec: &SinkSpec, job: &str, run_id: &str, keep: &HashSet<String>, base_dir: &Path) -> Result<()> {
+    match spec {
+        SinkSpec::File(f) => file::discard_unreferenced(&base_dir.join(&f.path), job, run_id, keep),
+        _ => Ok(()),
+    }
+}
+
 impl SinkWriter {
     pub fn open(spec: &SinkSpec, job: &str, subtask: u32, run_id: &str, restore: SinkRestore, base_dir: &Path) -> Result<Self> {
         Ok(match spec {

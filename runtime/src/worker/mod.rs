@@ -427,6 +427,12 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     }
     set_phase(ending);
     tasks.abort_all();
+    if ending == "finished" && index == 0 {
+        // Retention ran before the final commit: what it deleted no longer
+        // protects in-progress files.
+        let keep = restore::referenced_sink_files(&storage, None).await?;
+        crate::sink::clean_up_after_finish(&spec.sink, &spec.name, &cluster.run_id, &keep, &cfg.base_dir)?;
+    }
     // Let the coordinator answer the last status requests of the supervisor.
     tokio::time::sleep(Duration::from_millis(100)).await;
     Ok(())
