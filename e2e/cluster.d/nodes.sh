@@ -82,7 +82,7 @@ host_network_down() {
 		"$K8S_BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true
 	fi
 	remove_kube_chains
-	for link in $(ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | grep -E "^($HOST_IFACE|weirbr[0-9]+)$" || true); do
+	for link in $(ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | { grep -E "^($HOST_IFACE|weirbr[0-9]+)$" || true; }); do
 		log "removing interface $link"
 		ip link del "$link" 2>/dev/null || true
 	done
@@ -101,7 +101,7 @@ remove_kube_chains() {
 	for cmd in iptables ip6tables; do
 		command -v "$cmd" >/dev/null || continue
 		for table in filter nat mangle; do
-			"$cmd-save" -t "$table" 2>/dev/null | grep -E '^-A (INPUT|OUTPUT|FORWARD|PREROUTING|POSTROUTING) .*-j (KUBE|CNI)-' |
+			{ "$cmd-save" -t "$table" 2>/dev/null || true; } | { grep -E '^-A (INPUT|OUTPUT|FORWARD|PREROUTING|POSTROUTING) .*-j (KUBE|CNI)-' || true; } |
 				while read -r rule; do
 					# shellcheck disable=SC2086
 					eval "$cmd -t $table -D ${rule#-A }" 2>/dev/null || true
@@ -174,11 +174,11 @@ e2e_images() {
 # Import OCI archives into every node's containerd (namespace k8s.io, where
 # the kubelet looks).
 load_images() { # archive...
-	local i a sock
+	local i a sock out
 	for ((i = 0; i < NODES; i++)); do
 		sock=$(node_dir_of "$i")/containerd.sock
 		for a; do
-			"$CONTAINERD_BIN/ctr" --address "$sock" -n k8s.io images import --no-unpack=false "$a" >/dev/null ||
+			out=$("$CONTAINERD_BIN/ctr" --address "$sock" -n k8s.io images import "$a" 2>&1) || { echo "$out" >&2; false; } ||
 				die "could not import $a into $(node_name_of "$i")'s containerd"
 		done
 	done
@@ -390,8 +390,7 @@ kill_matching() { # prefix
 start_kube_proxy() {
 	sign_cert ca kube-proxy "/CN=system:kube-proxy" clientAuth
 	write_kubeconfig "$state/kube-proxy.kubeconfig" system:kube-proxy kube-proxy
-	KUBE_PROXY_PORT=$(free_port)
-	KUBE_PROXY_METRICS_PORT=$(free_port)
+	# KUBE_PROXY_PORT and KUBE_PROXY_METRICS_PORT come from cluster.env.
 	cat >"$state/kube-proxy.yaml" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
