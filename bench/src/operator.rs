@@ -29,7 +29,7 @@ pub struct Options {
     pub log_dir: PathBuf,
 }
 
-pub const HELP: &str = "weir-bench operator: the operator's RSS and reconcile latency with N StreamJobs on a local API server (e2e/cluster, no node)
+pub const HELP: &str = "weir-bench operator: the operator's RSS and reconcile latency with N StreamJobs on a local API server (e2e/cluster with WEIR_NODES=0, no node)
 
 Options:
   --jobs N[,N...]        numbers of StreamJobs, one fresh cluster each (default 100,1000)
@@ -158,7 +158,7 @@ impl Bench {
         let out = Command::new(repo_root().join("e2e/cluster"))
             .arg("up")
             .env("WEIR_CLUSTER_DIR", cluster_dir)
-            .env_remove("WEIR_NODE_AGENT")
+            .env("WEIR_NODES", "0")
             .stderr(Stdio::inherit())
             .output()
             .context("running e2e/cluster up")?;
