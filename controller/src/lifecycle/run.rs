@@ -109,10 +109,14 @@ pub(super) fn advance(cx: &Cx, st: &mut StreamJobStatus) -> Progress {
         if let Some(t) = &run.not_before {
             if t.0 > cx.now {
                 let wait = Duration::try_from(t.0.duration_since(cx.now)).unwrap_or_default();
+                // A time, not a countdown: the message must not change from
+                // one reconcile to the next, or every reconcile would write
+                // the status, whose watch event triggers the next reconcile.
+                let at = t.0.round(jiff::Unit::Second).unwrap_or(t.0);
                 let Some(refusal) = run.last_refusal.clone().filter(|_| run.refusals > 0) else {
-                    return Waiting::new(Vec::new(), format!("restarting in {} (backoff)", human(wait)), wait);
+                    return Waiting::new(Vec::new(), format!("restarting at {at} (backoff)"), wait);
                 };
-                let m = format!("{refusal}; creating the pods again in {}", human(wait));
+                let m = format!("{refusal}; creating the pods again at {at}");
                 let mut w = Waiting { effects: Vec::new(), message: m.clone(), requeue: wait, warning: None, degraded: None };
                 w.degraded = Some((refusal_reason(run).into(), m));
                 return Progress::Waiting(w);

@@ -831,3 +831,27 @@ fn a_refused_recovery_is_not_counted_as_another_failure() {
     assert_eq!(d.status.restarts, 1, "the one failure, no second one for the refusal");
     assert!(d.status.message.unwrap().starts_with("recovering: the API server refused worker pod"));
 }
+
+#[test]
+fn waiting_out_a_backoff_leaves_the_status_as_it_is() {
+    // Every status write triggers the next reconcile (the watch): a status
+    // that changed with the clock would be written over and over.
+    let mut w = World::running(JobBuilder::new("j").spec(|s| s.restart_backoff.initial = weir_api::pipeline::HumanDuration::from_millis(10_000)).build());
+    w.pods[1] = exited(w.pods[1].clone(), 137);
+    w.step();
+    w.step(); // old pods go
+    let waiting = w.step().status;
+    assert!(waiting.message.as_deref().unwrap().contains("backoff"), "{:?}", waiting.message);
+    w.advance(Duration::from_millis(300));
+    assert_eq!(w.step().status, waiting, "a restart backoff");
+    // A refused run waits the same way.
+    w.advance(Duration::from_secs(11));
+    assert_eq!(w.step().effects, vec![Effect::CreateRun]);
+    w.pods.clear();
+    w.rejected = Some(refused_by_pod_security(&w));
+    w.step();
+    w.rejected = None;
+    let waiting = w.step().status;
+    w.advance(Duration::from_millis(300));
+    assert_eq!(w.step().status, waiting, "a refusal's backoff");
+}

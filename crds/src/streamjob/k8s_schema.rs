@@ -30,7 +30,8 @@ pub(super) fn list_without_docs<T: JsonSchema>(generator: &mut SchemaGenerator) 
 
 /// The schema of `spec.podTemplate`: core/v1 PodTemplateSpec, with
 /// - `metadata` cut down to `labels` and `annotations` (the operator names,
-///   places and owns its pods; other metadata is pruned by the API server);
+///   places and owns its pods; other metadata is refused by kubectl's
+///   strict field validation, or pruned);
 /// - `spec.containers` optional (a template may only set, say, a
 ///   nodeSelector; a container named `worker` is merged into the operator's);
 /// - no `ephemeralContainers` (the API server refuses them when a pod is
@@ -45,7 +46,7 @@ pub(super) fn pod_template(generator: &mut SchemaGenerator) -> Schema {
             "metadata".into(),
             json!({
                 "type": "object",
-                "description": "Labels and annotations added to every worker pod (spec.podLabels and spec.podAnnotations win on the same key, the operator's own weir.dev/* and app.kubernetes.io/* labels win over both). Other metadata is ignored.",
+                "description": "Labels and annotations added to every worker pod (spec.podLabels and spec.podAnnotations win on the same key, the operator's own weir.dev/* and app.kubernetes.io/* labels win over both). Nothing else: the operator names and owns its pods.",
                 "properties": {"labels": string_map, "annotations": string_map},
             }),
         );

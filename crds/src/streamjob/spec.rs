@@ -109,8 +109,10 @@ pub const DEFAULT_MEMORY_LIMIT: &str = "1Gi";
         json_path = ".metadata.creationTimestamp"
     )
 )]
-#[kube(validation = Rule::new(NAME_LENGTH_RULE).message(NAME_LENGTH_MESSAGE).field_path(".metadata.name"))]
-#[kube(validation = Rule::new(NAME_SYNTAX_RULE).message(NAME_SYNTAX_MESSAGE).field_path(".metadata.name"))]
+// On the root, where CEL sees metadata.name. No fieldPath: the API server
+// accepts only paths into the schema, which does not describe metadata.
+#[kube(validation = Rule::new(NAME_LENGTH_RULE).message(NAME_LENGTH_MESSAGE))]
+#[kube(validation = Rule::new(NAME_SYNTAX_RULE).message(NAME_SYNTAX_MESSAGE))]
 #[x_kube(validation = Rule::new("self.parallelism <= self.maxParallelism")
     .message("parallelism must be at most maxParallelism (the number of key groups)")
     .field_path(".parallelism"))]

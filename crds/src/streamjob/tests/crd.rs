@@ -160,3 +160,14 @@ fn the_pod_template_schema_is_a_pod_template_trimmed_to_fit() {
     assert_eq!(quantity, &json!({"x-kubernetes-int-or-string": true}));
     assert!(spec["resources"]["description"].as_str().unwrap().contains("requests cpu 100m and memory 256Mi, limit memory 1Gi"));
 }
+
+#[test]
+fn the_rules_on_the_root_name_no_field_path() {
+    // The API server accepts a rule's fieldPath only into the schema, and the
+    // schema does not describe metadata: ".metadata.name" makes the whole
+    // CRD invalid ("must be a valid path").
+    let root = &openapi_schema()["x-kubernetes-validations"];
+    let rules: Vec<&str> = root.as_array().expect("root rules").iter().filter_map(|r| r["rule"].as_str()).collect();
+    assert_eq!(rules, [NAME_LENGTH_RULE, NAME_SYNTAX_RULE]);
+    assert!(root.as_array().unwrap().iter().all(|r| r.get("fieldPath").is_none()));
+}
