@@ -8,6 +8,12 @@
   allowPrivilegeEscalation false, capabilities drop ALL, seccomp RuntimeDefault);
 - no RBAC rule uses "*" (apiGroups, resources, verbs, resourceNames);
 - nothing is bound to the worker ServiceAccount and it mounts no token;
+- the operator gets a default worker image and the workers' UID, and its
+  metrics address is the pod IP alone (an IPv6 pod IP takes no ":port");
+- a PodDisruptionBudget exactly when there is more than one replica, selecting
+  the operator's pods;
+- networkpolicies in RBAC exactly when the operator makes NetworkPolicies
+  (--worker-network-policy), with --operator-pod-labels matching its pods;
 - with --watch-namespace: no cluster-scoped RBAC object, and the job Role is in NS.
 
 Silent when all is well; otherwise prints one line per problem and exits 1. The parser reads
@@ -237,6 +243,32 @@ def main(argv):
                 problems.append(f"{named(dep)} container {c.get('name')}: privileged")
             if get(sc, "seccompProfile", "type") != "RuntimeDefault":
                 problems.append(f"{named(dep)} container {c.get('name')}: seccompProfile.type is not RuntimeDefault")
+
+    for dep in deployments:
+        pod = get(dep, "spec", "template", "spec") or {}
+        args = [a for c in pod.get("containers") or [] for a in c.get("args") or []]
+        for prefix in ("--default-worker-image=", "--worker-uid="):
+            if not any(str(a).startswith(prefix) and len(str(a)) > len(prefix) for a in args):
+                problems.append(f"{named(dep)}: no {prefix}... argument")
+        if "--metrics-addr=$(POD_IP)" not in args:
+            problems.append(f"{named(dep)}: --metrics-addr is not the pod IP alone: {args}")
+        selector = get(dep, "spec", "selector", "matchLabels") or {}
+        replicas = get(dep, "spec", "replicas") or 1
+        pdbs = [d for d in docs if d.get("kind") == "PodDisruptionBudget"]
+        if replicas > 1 and not any(get(p, "spec", "selector", "matchLabels") == selector for p in pdbs):
+            problems.append(f"{named(dep)}: {replicas} replicas and no PodDisruptionBudget selecting them")
+        if replicas == 1 and pdbs:
+            problems.append(f"{named(dep)}: one replica, yet a PodDisruptionBudget (it would block every drain)")
+        policy = "--worker-network-policy" in args
+        rbac_np = any("networkpolicies" in (rule.get("resources") or []) for d in docs if d.get("kind") in ("Role", "ClusterRole") for rule in d.get("rules") or [])
+        if policy != rbac_np:
+            problems.append(f"{named(dep)}: --worker-network-policy is {policy}, but networkpolicies in RBAC is {rbac_np}")
+        if policy:
+            labels = next((str(a).split("=", 1)[1] for a in args if str(a).startswith("--operator-pod-labels=")), "")
+            pairs = dict(p.split("=", 1) for p in labels.split(",") if "=" in p)
+            pod_labels = get(dep, "spec", "template", "metadata", "labels") or {}
+            if not pairs or any(pod_labels.get(k) != v for k, v in pairs.items()):
+                problems.append(f"{named(dep)}: --operator-pod-labels={labels} does not select the operator's pods {pod_labels}")
 
     roles = [d for d in docs if d.get("kind") in ("Role", "ClusterRole")]
     if not roles:

@@ -9,6 +9,7 @@ use kube::Client;
 
 use crate::desired::WorkerSettings;
 use crate::metrics::Metrics;
+use crate::observe::Rejection;
 use crate::pod_cache::PodCache;
 use crate::worker_api::WorkerApi;
 
@@ -28,6 +29,11 @@ pub struct Context {
     /// The pods the operator watches (those with the job label), fed by the
     /// same watch that triggers reconciles; `None`: list them every time.
     pub pods: Option<Arc<PodCache>>,
+    /// By StreamJob uid: the API server refused the objects of the job's
+    /// run the last time they were created. Reported by the next reconcile
+    /// (status and an event); kept in memory only, so an operator restarted
+    /// in between sees missing pods instead (one restart of the job).
+    pub rejections: Mutex<HashMap<String, Rejection>>,
 }
 
 /// A StreamJob version this operator replaced by its own write.
@@ -42,7 +48,7 @@ pub struct Superseded {
 impl Context {
     pub fn new(client: Client, workers: Arc<dyn WorkerApi>, metrics: Arc<Metrics>, settings: WorkerSettings, instance: Option<String>) -> Context {
         let reporter = Reporter { controller: crate::FIELD_MANAGER.into(), instance };
-        Context { recorder: Recorder::new(client.clone(), reporter), client, workers, metrics, settings, tokens: Mutex::new(HashMap::new()), superseded: Mutex::new(HashMap::new()), pods: None }
+        Context { recorder: Recorder::new(client.clone(), reporter), client, workers, metrics, settings, tokens: Mutex::new(HashMap::new()), superseded: Mutex::new(HashMap::new()), pods: None, rejections: Mutex::new(HashMap::new()) }
     }
 
     /// Reconciles read the job's pods from `cache` when nothing is to be done.

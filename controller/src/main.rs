@@ -1,5 +1,6 @@
 //! `weir-controller`: the weir operator binary.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use kube::{Api, Client};
 use tracing::{error, info, warn};
 use weir_api::streamjob::StreamJob;
 use weir_controller::context::Context;
-use weir_controller::desired::WorkerSettings;
+use weir_controller::desired::{NetworkPolicySettings, WorkerSettings};
 use weir_controller::metrics::Metrics;
 use weir_controller::pod_cache::PodCache;
 use weir_controller::worker_api::HttpWorkerApi;
@@ -27,8 +28,10 @@ struct Cli {
     /// Watch StreamJobs in this namespace only (default: all namespaces).
     #[arg(long, env = "WEIR_WATCH_NAMESPACE")]
     namespace: Option<String>,
-    /// Address of the /metrics, /healthz and /readyz endpoint.
-    #[arg(long, default_value = "0.0.0.0:8080")]
+    /// Address of the /metrics, /healthz and /readyz endpoint: IP (port 8080),
+    /// IP:PORT or [IPv6]:PORT; the chart passes the pod's IP alone, which works
+    /// for IPv4 and IPv6 pods alike.
+    #[arg(long, default_value = "0.0.0.0:8080", value_parser = parse_metrics_addr)]
     metrics_addr: SocketAddr,
     /// Reconcile only while holding a Lease, so that several replicas can run.
     #[arg(long)]
@@ -43,6 +46,22 @@ struct Cli {
     /// (default: the namespace's default account; workers never call the API).
     #[arg(long)]
     worker_service_account: Option<String>,
+    /// The worker image of StreamJobs that set no spec.image (e.g.
+    /// registry.example.com/weir:0.1.0). Without it such jobs are not started.
+    #[arg(long, env = "WEIR_DEFAULT_WORKER_IMAGE")]
+    default_worker_image: Option<String>,
+    /// runAsUser, runAsGroup and fsGroup of worker pods, or `auto` to leave
+    /// them to the platform (OpenShift assigns each namespace a UID range).
+    #[arg(long, env = "WEIR_WORKER_UID", default_value = "65532", value_parser = parse_uid)]
+    worker_uid: WorkerUid,
+    /// Give every job a NetworkPolicy: the workers' control port only from
+    /// pods with --operator-pod-labels in the operator's namespace
+    /// (POD_NAMESPACE), their data and coordinator ports only from the job's own workers.
+    #[arg(long, env = "WEIR_WORKER_NETWORK_POLICY")]
+    worker_network_policy: bool,
+    /// The labels of the operator's pods (k=v,k=v), for --worker-network-policy.
+    #[arg(long, env = "WEIR_OPERATOR_POD_LABELS", value_parser = parse_labels, requires = "worker_network_policy")]
+    operator_pod_labels: Option<BTreeMap<String, String>>,
     /// Log format: text or json.
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -96,7 +115,24 @@ async fn main() -> anyhow::Result<()> {
         None => (Api::all(client.clone()), Api::all(client.clone())),
     };
     let instance = std::env::var("POD_NAME").ok();
-    let settings = WorkerSettings { service_account: cli.worker_service_account.clone() };
+    let network_policy = match (cli.worker_network_policy, &cli.operator_pod_labels) {
+        (false, _) => None,
+        (true, Some(labels)) => Some(NetworkPolicySettings {
+            namespace: std::env::var("POD_NAMESPACE").ok().filter(|n| !n.is_empty()).context("--worker-network-policy needs POD_NAMESPACE (the operator's namespace)")?,
+            pod_labels: labels.clone(),
+        }),
+        (true, None) => anyhow::bail!("--worker-network-policy needs --operator-pod-labels (the labels of the operator's pods)"),
+    };
+    let settings = WorkerSettings {
+        service_account: cli.worker_service_account.clone(),
+        default_image: cli.default_worker_image.clone().filter(|i| !i.is_empty()),
+        uid: cli.worker_uid.0,
+        network_policy,
+    };
+    match &settings.default_image {
+        Some(image) => info!(%image, "default worker image"),
+        None => warn!("no --default-worker-image: StreamJobs without spec.image are not started"),
+    }
     // One watch of the jobs' pods both fills the pod cache reconciles read
     // and triggers them (the cache is updated before the trigger fires). Only
     // what observing a pod needs is kept: metadata without managedFields, and
@@ -159,6 +195,36 @@ async fn main() -> anyhow::Result<()> {
     }
     info!("stopped");
     Ok(())
+}
+
+/// `--worker-uid`: a UID, or `None` for `auto`.
+#[derive(Debug, Clone, Copy)]
+struct WorkerUid(Option<i64>);
+
+fn parse_uid(text: &str) -> Result<WorkerUid, String> {
+    if text == "auto" {
+        return Ok(WorkerUid(None));
+    }
+    match text.parse::<i64>() {
+        Ok(uid) if uid > 0 => Ok(WorkerUid(Some(uid))),
+        _ => Err(format!("{text:?}: expected a UID above 0 (worker pods never run as root) or `auto`")),
+    }
+}
+
+fn parse_metrics_addr(text: &str) -> Result<SocketAddr, String> {
+    weir_api::control::parse_listen_addr(text, 8080)
+}
+
+/// `k=v,k=v` as a map; an empty key or a pair without `=` is refused.
+fn parse_labels(text: &str) -> Result<BTreeMap<String, String>, String> {
+    text.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|pair| match pair.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+            _ => Err(format!("{pair:?}: expected key=value")),
+        })
+        .collect::<Result<BTreeMap<_, _>, _>>()
+        .and_then(|m| if m.is_empty() { Err("expected at least one key=value".into()) } else { Ok(m) })
 }
 
 fn init_tracing(format: &str) {

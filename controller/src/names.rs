@@ -39,6 +39,10 @@ pub fn service(job: &str) -> String {
     format!("{job}-workers")
 }
 
+pub fn network_policy(job: &str) -> String {
+    format!("{job}-workers")
+}
+
 pub fn pod(job: &str, run_number: i64, index: u32) -> String {
     format!("{job}-{run_number}-{index}")
 }

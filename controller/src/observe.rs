@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use weir_api::control::{JobStatus, SavepointOutcome};
 use weir_api::streamjob::RunStatus;
 
+use crate::desired::WORKER_CONTAINER;
 use crate::names::{RUN_LABEL, WORKER_LABEL};
 
 /// Exit code of a worker for errors a restart cannot fix (bad pipeline,
@@ -60,7 +61,13 @@ impl PodView {
         let labels = pod.metadata.labels.clone().unwrap_or_default();
         let status = pod.status.clone().unwrap_or_default();
         let ip = status.pod_ip.as_deref().and_then(|s| s.parse().ok());
-        let container = status.container_statuses.as_ref().and_then(|c| c.first()).cloned();
+        // By name: the kubelet lists container statuses sorted by name, so
+        // with a sidecar from the pod template the first may not be the worker.
+        let container = status
+            .container_statuses
+            .as_ref()
+            .and_then(|cs| cs.iter().find(|c| c.name == WORKER_CONTAINER).or(cs.first()))
+            .cloned();
         let terminated = container.as_ref().and_then(|c| c.state.as_ref()).and_then(|s| s.terminated.clone());
         let waiting = container.as_ref().and_then(|c| c.state.as_ref()).and_then(|s| s.waiting.clone());
         let state = if pod.metadata.deletion_timestamp.is_some() {
@@ -143,6 +150,20 @@ pub enum RunHealth {
     Failed { reason: String, message: String, fatal: bool },
 }
 
+/// The API server refused to create an object of a run (seen by the
+/// reconcile that tried, reported by the next one).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rejection {
+    /// The run whose objects were refused.
+    pub run_id: String,
+    /// `PodRejected` (the API server refused a worker pod: admission, quota,
+    /// a webhook, an invalid pod), or `RunNotCreated` (any other failure to
+    /// create the run's objects).
+    pub reason: String,
+    /// What was refused and the API server's words.
+    pub message: String,
+}
+
 /// Everything a reconcile observed.
 #[derive(Debug, Clone)]
 pub struct Observed {
@@ -155,11 +176,13 @@ pub struct Observed {
     /// The outcome of the pending savepoint request: `Some(None)` when the
     /// coordinator does not know the request (not sent yet, or another run).
     pub savepoint: Option<Option<SavepointOutcome>>,
+    /// The last attempt to create the objects of the run in status was refused.
+    pub rejected: Option<Rejection>,
 }
 
 impl Observed {
     pub fn at(now: Timestamp) -> Observed {
-        Observed { now, pods: Vec::new(), coordinator: None, coordinator_error: None, savepoint: None }
+        Observed { now, pods: Vec::new(), coordinator: None, coordinator_error: None, savepoint: None, rejected: None }
     }
 
     /// Pods that do not belong to `run` (an earlier run, or stray).

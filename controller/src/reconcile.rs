@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event as KubeEvent, EventType};
@@ -20,7 +21,8 @@ use crate::desired;
 use crate::error::{Error, Result};
 use crate::lifecycle::{self, Decision, Effect};
 use crate::names;
-use crate::observe::{Observed, PodState, PodView, RunHealth};
+use crate::lifecycle::REFUSED_POD;
+use crate::observe::{Observed, PodState, PodView, Rejection, RunHealth};
 use crate::FIELD_MANAGER;
 
 /// How soon a reconcile skipped for a stale object looks again, should the
@@ -72,14 +74,14 @@ async fn reconcile_inner(job: &StreamJob, ctx: &Context) -> Result<Action> {
         None => list_pods(ctx, &ns, &name).await?,
     };
     let mut observed = observe(job, ctx, &ns, pods).await?;
-    let mut decision = lifecycle::decide(job, &observed);
+    let mut decision = lifecycle::decide(job, &observed, &ctx.settings);
     let old = job.status.clone().unwrap_or_default();
     if from_cache && !quiet(&decision, &old) {
         let listed = list_pods(ctx, &ns, &name).await?;
         if listed != observed.pods {
             debug!("the pod watch was behind the API server; deciding on the listed pods");
             observed = observe(job, ctx, &ns, listed).await?;
-            decision = lifecycle::decide(job, &observed);
+            decision = lifecycle::decide(job, &observed, &ctx.settings);
         }
     }
     if decision.status != old {
@@ -134,6 +136,10 @@ async fn observe(job: &StreamJob, ctx: &Context, ns: &str, pods: Vec<PodView>) -
     observed.pods = pods;
     let status = job.status.clone().unwrap_or_default();
     let Some(run) = &status.run else { return Ok(observed) };
+    observed.rejected = job
+        .uid()
+        .and_then(|uid| ctx.rejections.lock().ok().and_then(|m| m.get(&uid).cloned()))
+        .filter(|r| r.run_id == run.id);
     let RunHealth::Running { ips } = observed.health(run) else { return Ok(observed) };
     let Some(ip) = ips.first() else { return Ok(observed) };
     let api = SocketAddr::new(*ip, CONTROL_PORT);
@@ -231,7 +237,19 @@ async fn publish(ctx: &Context, job: &StreamJob, decision: &Decision) {
 async fn act(job: &StreamJob, ctx: &Context, ns: &str, decision: &Decision, pods: &[PodView]) -> Result<()> {
     for effect in &decision.effects {
         match effect {
-            Effect::CreateRun => create_run(job, ctx, ns, &decision.status).await?,
+            Effect::CreateRun => {
+                if let Err(e) = create_run(job, ctx, ns, &decision.status).await {
+                    // The status already says the pods were created; the next
+                    // reconcile must not take their absence for pods that went
+                    // missing (a restart): it reports what the API server said.
+                    if let (Some(uid), Some(run)) = (job.uid(), &decision.status.run) {
+                        if let Ok(mut m) = ctx.rejections.lock() {
+                            m.insert(uid, rejection(&run.id, &e));
+                        }
+                    }
+                    return Err(e);
+                }
+            }
             Effect::DeleteOtherPods => delete_pods(ctx, ns, pods, decision.status.run.as_ref().map(|r| r.id.as_str())).await?,
             Effect::DeleteAllPods => delete_pods(ctx, ns, pods, None).await?,
             Effect::SendMembership { membership, workers } => {
@@ -282,6 +300,9 @@ async fn act(job: &StreamJob, ctx: &Context, ns: &str, decision: &Decision, pods
                     if let Ok(mut m) = ctx.tokens.lock() {
                         m.remove(&uid);
                     }
+                    if let Ok(mut m) = ctx.rejections.lock() {
+                        m.remove(&uid);
+                    }
                 }
             }
         }
@@ -289,13 +310,36 @@ async fn act(job: &StreamJob, ctx: &Context, ns: &str, decision: &Decision, pods
     Ok(())
 }
 
+/// What to report when creating a run's objects failed: a worker pod the API
+/// server refused (4xx: Pod Security admission, a quota, a webhook, an
+/// invalid pod) is `PodRejected` with the API server's message; anything
+/// else (another object, the API server not answering) `RunNotCreated`.
+fn rejection(run_id: &str, error: &Error) -> Rejection {
+    let (reason, message) = match error {
+        Error::Kube { action, source: kube::Error::Api(e) } if action.starts_with(APPLYING_POD) && matches!(e.code, 400 | 403 | 404 | 422) => {
+            let pod = action.trim_start_matches(APPLYING_POD);
+            ("PodRejected", format!("{REFUSED_POD} {pod} ({} {}): {}", e.code, e.reason, e.message))
+        }
+        other => ("RunNotCreated", format!("the run's objects were not created: {other}")),
+    };
+    Rejection { run_id: run_id.to_string(), reason: reason.into(), message }
+}
+
+/// The action of an error applying a pod: "applying pod <name>".
+const APPLYING_POD: &str = "applying pod ";
+
 async fn create_run(job: &StreamJob, ctx: &Context, ns: &str, status: &StreamJobStatus) -> Result<()> {
     let Some(run) = &status.run else { return Ok(()) };
+    if let (Some(uid), Ok(mut m)) = (job.uid(), ctx.rejections.lock()) {
+        // A new attempt: an earlier refusal no longer speaks for this one.
+        m.remove(&uid);
+    }
     let apply = PatchParams::apply(FIELD_MANAGER).force();
     // Every object is built before any is sent: a spec that cannot be built
     // creates nothing.
     let cm = desired::pipeline_config_map(job)?;
     let svc = desired::workers_service(job)?;
+    let policy = ctx.settings.network_policy.as_ref().map(|s| desired::network_policy(job, s)).transpose()?;
     let wanted: Vec<Pod> = (0..run.workers.max(0) as u32).map(|index| desired::worker_pod(job, run, index, &ctx.settings)).collect::<Result<_>>()?;
     // A worker needs its token (env from the Secret) and its pipeline (the
     // ConfigMap volume) to start, so those exist before any pod; apart from
@@ -304,16 +348,21 @@ async fn create_run(job: &StreamJob, ctx: &Context, ns: &str, status: &StreamJob
     // round go out together.
     let config_maps = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(ctx.client.clone(), ns);
     let services = Api::<k8s_openapi::api::core::v1::Service>::namespaced(ctx.client.clone(), ns);
+    let policies = Api::<NetworkPolicy>::namespaced(ctx.client.clone(), ns);
     futures::try_join!(
         token_secret(job, ctx, ns),
         async { config_maps.patch(&cm.name_any(), &apply, &Patch::Apply(&cm)).await.map_err(Error::kube("applying the pipeline ConfigMap")) },
         async { services.patch(&svc.name_any(), &apply, &Patch::Apply(&svc)).await.map_err(Error::kube("applying the workers Service")) },
+        async {
+            let Some(p) = &policy else { return Ok(()) };
+            policies.patch(&p.name_any(), &apply, &Patch::Apply(p)).await.map(|_| ()).map_err(Error::kube("applying the workers NetworkPolicy"))
+        },
     )?;
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     futures::future::try_join_all(wanted.iter().map(|pod| {
         let pods = &pods;
         let apply = &apply;
-        async move { pods.patch(&pod.name_any(), apply, &Patch::Apply(pod)).await.map_err(Error::kube(format!("applying pod {}", pod.name_any()))) }
+        async move { pods.patch(&pod.name_any(), apply, &Patch::Apply(pod)).await.map_err(Error::kube(format!("{APPLYING_POD}{}", pod.name_any()))) }
     }))
     .await?;
     info!(run = %run.id, workers = run.workers, restore = run.restore_from.as_deref().unwrap_or("none"), "created the run's pods");
@@ -474,9 +523,9 @@ mod tests {
         let mut obs = Observed::at(jiff::Timestamp::now());
         obs.pods = pods.iter().map(PodView::of).collect();
         for _ in 0..4 {
-            job.status = Some(lifecycle::decide(&job, &obs).status);
+            job.status = Some(lifecycle::decide(&job, &obs, &WorkerSettings::default()).status);
         }
-        let again = lifecycle::decide(&job, &obs);
+        let again = lifecycle::decide(&job, &obs, &WorkerSettings::default());
         assert!(quiet(&again, job.status.as_ref().unwrap()), "a fixed point: {again:?}");
         assert_eq!(job.status.as_ref().unwrap().run.as_ref().map(|r| r.pods_created), Some(true));
         (job, pods)
@@ -565,6 +614,115 @@ mod tests {
         assert_eq!(action, Action::requeue(STALE_RETRY));
         assert!(futures::poll!(Box::pin(handle.next_request())).is_pending(), "no event, no pod deleted or created");
         assert!(ctx.metrics.encode().contains("weir_operator_status_conflicts_total 1"));
+    }
+
+    /// Answers the requests of creating a run's objects until none comes
+    /// for a moment: the token Secret is not there yet, the ConfigMap and
+    /// Service are applied, every pod is refused with `refusal`; returns what
+    /// was asked. (The pods go out concurrently: the second may or may not
+    /// be sent before the first one's refusal ends the round.)
+    async fn refuse_pods(handle: &mut Handle, refusal: serde_json::Value) -> Vec<String> {
+        let mut seen = Vec::new();
+        while let Ok(Some((req, send))) = tokio::time::timeout(Duration::from_millis(300), handle.next_request()).await {
+            let (method, path) = (req.method().to_string(), req.uri().path().to_string());
+            let name = path.rsplit('/').next().unwrap_or_default().to_string();
+            let (code, body) = match (method.as_str(), path.split('/').rev().nth(1)) {
+                ("GET", _) => (404, serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"})),
+                (_, Some("pods")) => (refusal["code"].as_u64().unwrap() as u16, refusal.clone()),
+                (_, Some(plural)) => {
+                    let kind = match plural {
+                        "secrets" => "Secret",
+                        "configmaps" => "ConfigMap",
+                        "services" => "Service",
+                        other => panic!("unexpected {other}"),
+                    };
+                    (200, serde_json::json!({"apiVersion": "v1", "kind": kind, "metadata": {"name": name}}))
+                }
+                _ => panic!("unexpected {method} {path}"),
+            };
+            send.send_response(Response::builder().status(code).body(Body::from(serde_json::to_vec(&body).unwrap())).unwrap());
+            seen.push(format!("{method} {path}"));
+        }
+        seen
+    }
+
+    /// The next request, which must be `method path`; answered with 200 and `answer`.
+    async fn expect_json(handle: &mut Handle, method: &str, path: &str, answer: serde_json::Value) -> serde_json::Value {
+        let (req, send) = handle.next_request().await.expect("a request");
+        assert_eq!((req.method().as_str(), req.uri().path()), (method, path));
+        let body = req.into_body().collect_bytes().await.unwrap();
+        send.send_response(Response::builder().status(200).body(Body::from(serde_json::to_vec(&answer).unwrap())).unwrap());
+        if body.is_empty() { serde_json::Value::Null } else { serde_json::from_slice(&body).unwrap() }
+    }
+
+    #[tokio::test]
+    async fn a_pod_the_api_server_refuses_is_reported_with_its_message_not_as_a_missing_pod() {
+        let (ctx, mut handle) = context();
+        // Deploying, the run decided and not created yet.
+        let mut deploying = job("9", true);
+        deploying.status = Some(lifecycle::decide(&deploying, &Observed::at(jiff::Timestamp::now()), &WorkerSettings::default()).status);
+        let list = serde_json::json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": []});
+        let refusal = serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Forbidden", "code": 403,
+            "message": "pods \"j-1-0\" is forbidden: violates PodSecurity \"restricted:latest\": allowPrivilegeEscalation != false (container \"shipper\" must set securityContext.allowPrivilegeEscalation=false)"});
+
+        // 1. The run is marked created in status, then its pods are refused.
+        let (l, r) = (list.clone(), refusal.clone());
+        let written = job("10", true);
+        let server = tokio::spawn(async move {
+            expect_json(&mut handle, "GET", "/api/v1/namespaces/jobs/pods", l).await;
+            let sent = expect_json(&mut handle, "PATCH", "/apis/weir.dev/v1alpha1/namespaces/jobs/streamjobs/j/status", serde_json::to_value(&written).unwrap()).await;
+            assert_eq!(sent["status"]["run"]["podsCreated"], true);
+            let seen = refuse_pods(&mut handle, r).await;
+            (handle, sent["status"].clone(), seen)
+        });
+        let result = reconcile(Arc::new(deploying), ctx.clone()).await;
+        let (mut handle, status, seen) = server.await.unwrap();
+        assert!(seen.contains(&"PATCH /api/v1/namespaces/jobs/pods/j-1-0".to_string()), "{seen:?} {result:?}");
+        let err = result.expect_err("the refusal is a failed reconcile (logged, counted, retried)").to_string();
+        assert!(err.contains("violates PodSecurity"), "{err}");
+        assert!(futures::poll!(Box::pin(handle.next_request())).is_pending());
+
+        // 2. The next reconcile says so: status first, then a Warning event with
+        // the API server's message; no restart, no Recovering, nothing deleted.
+        let mut created = job("10", true);
+        created.status = Some(serde_json::from_value(status).unwrap());
+        let server = tokio::spawn(async move {
+            expect_json(&mut handle, "GET", "/api/v1/namespaces/jobs/pods", list).await;
+            let sent = expect_json(&mut handle, "PATCH", "/apis/weir.dev/v1alpha1/namespaces/jobs/streamjobs/j/status", serde_json::to_value(job("11", true)).unwrap()).await;
+            let event = expect_json(&mut handle, "POST", "/apis/events.k8s.io/v1/namespaces/jobs/events", serde_json::json!({})).await;
+            (handle, sent["status"].clone(), event)
+        });
+        reconcile(Arc::new(created), ctx.clone()).await.unwrap();
+        let (mut handle, status, event) = server.await.unwrap();
+        assert!(futures::poll!(Box::pin(handle.next_request())).is_pending(), "nothing else: no pod deleted, none created yet");
+        assert_eq!(status["phase"], "Deploying");
+        assert_eq!(status["restarts"], 0);
+        assert_eq!(status["run"]["podsCreated"], false);
+        assert_eq!(status["run"]["refusals"], 1);
+        let degraded = status["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Degraded").unwrap().clone();
+        assert_eq!((degraded["status"].as_str(), degraded["reason"].as_str()), (Some("True"), Some("PodRejected")));
+        let message = degraded["message"].as_str().unwrap();
+        assert!(message.starts_with("the API server refused worker pod j-1-0 (403 Forbidden): pods \"j-1-0\" is forbidden: violates PodSecurity"), "{message}");
+        assert_eq!((event["type"].as_str(), event["reason"].as_str()), (Some("Warning"), Some("PodRejected")));
+        assert!(event["note"].as_str().unwrap().contains("must set securityContext.allowPrivilegeEscalation=false"), "{event}");
+    }
+
+    #[test]
+    fn only_a_pod_refused_by_the_api_server_is_a_pod_rejection() {
+        let api = |code: u16| {
+            let status = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "no", "reason": "Forbidden", "code": code});
+            kube::Error::Api(Box::new(serde_json::from_value(status).unwrap()))
+        };
+        let pod = |code| Error::kube(format!("{APPLYING_POD}j-1-0"))(api(code));
+        for code in [400, 403, 404, 422] {
+            assert_eq!(rejection("r", &pod(code)).reason, "PodRejected", "{code}");
+        }
+        assert_eq!(rejection("r", &pod(500)).reason, "RunNotCreated");
+        assert_eq!(rejection("r", &pod(429)).reason, "RunNotCreated");
+        let cm = Error::kube("applying the pipeline ConfigMap")(api(403));
+        let r = rejection("r", &cm);
+        assert_eq!((r.reason.as_str(), r.run_id.as_str()), ("RunNotCreated", "r"));
+        assert!(r.message.contains("applying the pipeline ConfigMap"), "{}", r.message);
     }
 
     #[tokio::test]

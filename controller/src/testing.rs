@@ -23,8 +23,14 @@ impl JobBuilder {
                 "name": name,
                 "source": {"generator": {"events": 1000, "keys": 10}},
                 "steps": [{"key_by": "key"}, {"running_count": "count"}],
-                "sink": {"file": {"path": "/tmp/out", "format": "jsonl"}},
-            }
+                "sink": {"file": {"path": "out", "format": "jsonl"}},
+            },
+            // Shared storage for the checkpoints and the sink's files, as a
+            // file:// job needs (see desired::check).
+            "podTemplate": {"spec": {
+                "volumes": [{"name": "weir-data", "persistentVolumeClaim": {"claimName": "weir-data"}}],
+                "containers": [{"name": "worker", "volumeMounts": [{"name": "weir-data", "mountPath": "/var/lib/weir"}]}],
+            }},
         }))
         .expect("the test spec is valid");
         let mut job = StreamJob::new(name, spec);
@@ -37,6 +43,14 @@ impl JobBuilder {
             ..Default::default()
         };
         JobBuilder { job }
+    }
+
+    /// The spec's pod template, edited as JSON.
+    pub fn pod_template(mut self, f: impl FnOnce(&mut serde_json::Value)) -> JobBuilder {
+        let mut value = serde_json::to_value(&self.job.spec.pod_template).expect("a template serializes");
+        f(&mut value);
+        self.job.spec.pod_template = serde_json::from_value(value).expect("a pod template");
+        self
     }
 
     pub fn spec(mut self, f: impl FnOnce(&mut StreamJobSpec)) -> JobBuilder {

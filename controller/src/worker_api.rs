@@ -33,6 +33,9 @@ impl HttpWorkerApi {
             .connect_timeout(Duration::from_millis(500))
             .timeout(Duration::from_secs(3))
             .pool_idle_timeout(Duration::from_secs(30))
+            // Pod IPs are reached directly, whatever HTTP(S)_PROXY the
+            // operator's environment has for the outside world.
+            .no_proxy()
             .build()
             .map_err(|e| Error::Worker { addr: "-".into(), message: format!("cannot build HTTP client: {e}") })?;
         Ok(HttpWorkerApi { http })
@@ -60,10 +63,16 @@ impl HttpWorkerApi {
     }
 }
 
+/// The URL of `path` on a worker's control endpoint. A SocketAddr prints an
+/// IPv6 address bracketed (`[fd00::5]:6120`), as a URL's authority needs.
+fn url(addr: SocketAddr, path: &str) -> String {
+    format!("http://{addr}{path}")
+}
+
 impl WorkerApi for HttpWorkerApi {
     fn status<'a>(&'a self, api: SocketAddr, token: &'a str) -> BoxFuture<'a, Result<JobStatus>> {
         Box::pin(async move {
-            let req = self.http.get(format!("http://{api}/v1/status")).bearer_auth(token);
+            let req = self.http.get(url(api, "/v1/status")).bearer_auth(token);
             match self.send::<JobStatus>(api, req).await? {
                 (_, Some(s)) => Ok(s),
                 (code, None) => Err(Error::Worker { addr: api.to_string(), message: format!("HTTP {code} without a status") }),
@@ -73,14 +82,14 @@ impl WorkerApi for HttpWorkerApi {
 
     fn put_membership<'a>(&'a self, worker: SocketAddr, token: &'a str, membership: &'a Membership) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            let req = self.http.put(format!("http://{worker}/v1/membership")).bearer_auth(token).json(membership);
+            let req = self.http.put(url(worker, "/v1/membership")).bearer_auth(token).json(membership);
             self.send::<serde_json::Value>(worker, req).await.map(|_| ())
         })
     }
 
     fn request_savepoint<'a>(&'a self, api: SocketAddr, token: &'a str, request: &'a SavepointRequest) -> BoxFuture<'a, Result<SavepointOutcome>> {
         Box::pin(async move {
-            let req = self.http.post(format!("http://{api}/v1/savepoints")).bearer_auth(token).json(request);
+            let req = self.http.post(url(api, "/v1/savepoints")).bearer_auth(token).json(request);
             match self.send::<SavepointOutcome>(api, req).await? {
                 (_, Some(o)) => Ok(o),
                 (code, None) => Err(Error::Worker { addr: api.to_string(), message: format!("HTTP {code} without an outcome") }),
@@ -90,8 +99,56 @@ impl WorkerApi for HttpWorkerApi {
 
     fn savepoint_outcome<'a>(&'a self, api: SocketAddr, token: &'a str, request_id: &'a str) -> BoxFuture<'a, Result<Option<SavepointOutcome>>> {
         Box::pin(async move {
-            let req = self.http.get(format!("http://{api}/v1/savepoints/{request_id}")).bearer_auth(token);
+            let req = self.http.get(url(api, &format!("/v1/savepoints/{request_id}"))).bearer_auth(token);
             Ok(self.send::<SavepointOutcome>(api, req).await?.1)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    #[test]
+    fn urls_of_ipv4_and_ipv6_workers_are_valid() {
+        assert_eq!(url("10.0.0.5:6120".parse().unwrap(), "/v1/status"), "http://10.0.0.5:6120/v1/status");
+        let v6 = url("[fd00:10::5]:6120".parse().unwrap(), "/v1/status");
+        assert_eq!(v6, "http://[fd00:10::5]:6120/v1/status");
+        let parsed = reqwest::Url::parse(&v6).unwrap();
+        assert_eq!((parsed.host_str(), parsed.port()), (Some("[fd00:10::5]"), Some(6120)));
+    }
+
+    /// Serves one request on `listener` with `body`; returns the request's head.
+    async fn answer_once(listener: tokio::net::TcpListener, body: String) -> String {
+        let (mut conn, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = conn.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the request ended early");
+            head.extend_from_slice(&buf[..n]);
+        }
+        let answer = format!("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+        conn.write_all(answer.as_bytes()).await.unwrap();
+        String::from_utf8_lossy(&head).into_owned()
+    }
+
+    #[tokio::test]
+    async fn the_coordinator_of_an_ipv6_pod_is_asked_at_its_bracketed_address() {
+        // ::1 stands for an IPv6 pod IP.
+        let Ok(listener) = tokio::net::TcpListener::bind("[::1]:0").await else {
+            eprintln!("no IPv6 loopback here; skipped");
+            return;
+        };
+        let addr = listener.local_addr().unwrap();
+        let status = JobStatus { job: "j".into(), run_id: "r-1".into(), phase: "running".into(), ..Default::default() };
+        let server = tokio::spawn(answer_once(listener, serde_json::to_string(&status).unwrap()));
+        let got = HttpWorkerApi::new().unwrap().status(addr, "t0ken").await.unwrap();
+        assert_eq!(got, status);
+        let head = server.await.unwrap();
+        assert!(head.starts_with("GET /v1/status HTTP/1.1"), "{head}");
+        assert!(head.to_ascii_lowercase().contains(&format!("host: [::1]:{}", addr.port())), "{head}");
     }
 }

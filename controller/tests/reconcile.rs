@@ -59,7 +59,11 @@ fn job(finalizer: bool, status: Option<Value>) -> StreamJob {
                 "source": {"generator": {"events": 100, "keys": 10}},
                 "steps": [{"key_by": "key"}, {"running_count": "count"}],
                 "sink": {"file": {"path": "out", "format": "jsonl"}}
-            }
+            },
+            "podTemplate": {"spec": {
+                "volumes": [{"name": "weir-data", "persistentVolumeClaim": {"claimName": "weir-data"}}],
+                "containers": [{"name": "worker", "volumeMounts": [{"name": "weir-data", "mountPath": "/var/lib/weir"}]}]
+            }}
         }
     });
     if finalizer {

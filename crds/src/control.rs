@@ -33,6 +33,27 @@ pub const DATA_PORT: u16 = 6121;
 /// Port of the coordinator's worker-control listener (worker 0's pod only).
 pub const COORDINATOR_PORT: u16 = 6122;
 
+/// Parses a listen address given as `IP:PORT`, `[IPv6]:PORT`, or a bare `IP`
+/// (IPv4 or IPv6, bracketed or not), which gets `default_port`.
+///
+/// A bare IP is what pods can pass: the kubelet expands `$(POD_IP)` to the
+/// pod's address, and `$(POD_IP):6120` is no socket address when that is
+/// IPv6 (`fd00::5:6120` reads as one IPv6 address). So the operator passes
+/// `$(POD_IP)` alone and the port is the standard one.
+pub fn parse_listen_addr(text: &str, default_port: u16) -> Result<SocketAddr, String> {
+    let t = text.trim();
+    if let Ok(addr) = t.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let bare = t.strip_prefix('[').and_then(|r| r.strip_suffix(']')).unwrap_or(t);
+    match bare.parse::<std::net::IpAddr>() {
+        Ok(ip) => Ok(SocketAddr::new(ip, default_port)),
+        Err(_) => Err(format!(
+            "{text:?} is not an address: expected IP, IP:PORT or [IPv6]:PORT (e.g. 10.0.0.5, 10.0.0.5:{default_port}, fd00::5 or [fd00::5]:{default_port})"
+        )),
+    }
+}
+
 /// Where every process of one run (attempt) of a job listens. Workers learn it
 /// from whoever starts them (the local supervisor, or the operator), never from DNS.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -156,6 +177,38 @@ mod tests {
         assert_eq!(m.api, "10.0.0.5:6120".parse().unwrap());
         assert_eq!(m.worker_of(3), 1);
         assert!(Membership::of_pods("run-1", &[]).is_none());
+    }
+
+    #[test]
+    fn membership_of_ipv6_pods_brackets_every_address() {
+        let ips: Vec<std::net::IpAddr> = vec!["fd00:10::5".parse().unwrap(), "fd00:10::6".parse().unwrap()];
+        let m = Membership::of_pods("run-1", &ips).unwrap();
+        assert_eq!(m.api.to_string(), "[fd00:10::5]:6120");
+        assert_eq!(m.coordinator.to_string(), "[fd00:10::5]:6122");
+        assert_eq!(m.workers[1].to_string(), "[fd00:10::6]:6121");
+        // What the worker reads back from the JSON the operator sends.
+        let json = serde_json::to_string(&m).unwrap();
+        assert!(json.contains("\"[fd00:10::6]:6121\""), "{json}");
+        let back: Membership = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, m);
+    }
+
+    #[test]
+    fn a_listen_address_is_an_ip_with_or_without_a_port_ipv4_and_ipv6() {
+        let p = |s| parse_listen_addr(s, CONTROL_PORT);
+        assert_eq!(p("10.0.0.5").unwrap(), "10.0.0.5:6120".parse().unwrap());
+        assert_eq!(p("10.0.0.5:7000").unwrap(), "10.0.0.5:7000".parse().unwrap());
+        assert_eq!(p("0.0.0.0:6120").unwrap(), "0.0.0.0:6120".parse().unwrap());
+        // An unbracketed IPv6 address is the whole address, never IP:PORT.
+        assert_eq!(p("fd00::5:6120").unwrap(), SocketAddr::new("fd00::5:6120".parse().unwrap(), 6120));
+        assert_eq!(p("fd00::5").unwrap(), "[fd00::5]:6120".parse().unwrap());
+        assert_eq!(p("[fd00::5]").unwrap(), "[fd00::5]:6120".parse().unwrap());
+        assert_eq!(p("[fd00::5]:7000").unwrap(), "[fd00::5]:7000".parse().unwrap());
+        assert_eq!(p("::").unwrap(), "[::]:6120".parse().unwrap());
+        for bad in ["", "pod-0", "10.0.0.5:", "10.0.0.5:99999", "[10.0.0.5]:1:2", "$(POD_IP):6120"] {
+            let e = p(bad).unwrap_err();
+            assert!(e.contains("expected IP, IP:PORT or [IPv6]:PORT"), "{bad}: {e}");
+        }
     }
 
     #[test]

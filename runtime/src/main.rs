@@ -87,8 +87,10 @@ a record a step fails on), reported by the first attempt; 1 anything else (e.g. 
         /// Local mode: the run's membership as JSON (what `weir run` passes). Without it the worker runs in pod mode.
         #[arg(long, value_name = "JSON")]
         cluster: Option<String>,
-        /// Pod mode: where to serve the control endpoint [default: 0.0.0.0:6120].
-        #[arg(long, value_name = "ADDR", conflicts_with = "cluster")]
+        /// Pod mode: where to serve the control endpoint: IP (port 6120), IP:PORT or
+        /// [IPv6]:PORT [default: 0.0.0.0:6120]. The operator passes the pod's IP alone,
+        /// which works for IPv4 and IPv6 pods alike.
+        #[arg(long, value_name = "ADDR", conflicts_with = "cluster", value_parser = parse_control_addr)]
         control_addr: Option<SocketAddr>,
         /// Pod mode: give up (exit 1) when no membership arrives within this time.
         #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
@@ -132,10 +134,11 @@ Local mode (--cluster JSON): the membership is given; worker 0 serves the job's
 control endpoint at the membership's `api` address.
 
 Pod mode (no --cluster): the worker serves its control endpoint at --control-addr
-at once and waits for `PUT /v1/membership` (the operator sends it once every
-worker pod has an IP). /healthz needs no token; every other route needs
-`Authorization: Bearer $WEIR_CONTROL_TOKEN`, and in pod mode the worker refuses
-to start without that variable. Worker 0 answers /v1/status and /v1/savepoints
+(an IP, IPv4 or IPv6, with or without a port) at once and waits for
+`PUT /v1/membership` (the operator sends it once every worker pod has an IP).
+/healthz needs no token; every other route needs `Authorization: Bearer
+$WEIR_CONTROL_TOKEN`, and in pod mode the worker refuses to start without that
+variable. Worker 0 answers /v1/status and /v1/savepoints
 for the job; the other workers answer /v1/status for themselves.
 
 Environment: WEIR_CONTROL_TOKEN (the job's token), WEIR_RUN_ID (pod mode: accept
@@ -145,6 +148,10 @@ Exit codes: 0 the job finished; 3 an error a restart cannot fix (bad pipeline,
 unusable checkpoint, missing token, a record a step fails on, a pending output
 file that is gone); 1 anything else (a lost peer, no membership
 in time): restore the job from the latest checkpoint.";
+
+fn parse_control_addr(text: &str) -> Result<SocketAddr, String> {
+    weir_api::control::parse_listen_addr(text, CONTROL_PORT)
+}
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
     HumanDuration::parse(text).map(HumanDuration::get)

@@ -27,15 +27,22 @@ impl Pods {
     /// run `run_id` (passed as the operator does, in `WEIR_RUN_ID`).
     fn start(job: &Job, net: u8, run_id: &str, extra: &[&str]) -> Pods {
         let ips: Vec<IpAddr> = (0..2u8).map(|i| IpAddr::from([127, 42, net, i + 1])).collect();
+        Pods::start_on(job, ips, &net.to_string(), run_id, extra)
+    }
+
+    /// Starts one worker per IP; `tag` names their logs.
+    fn start_on(job: &Job, ips: Vec<IpAddr>, tag: &str, run_id: &str, extra: &[&str]) -> Pods {
         let mut children = Vec::new();
         let mut logs = Vec::new();
         for (i, ip) in ips.iter().enumerate() {
-            let log = job.path(&format!("worker-{net}-{i}.log"));
+            let log = job.path(&format!("worker-{tag}-{i}.log"));
             let file = std::fs::File::create(&log).unwrap();
             let child = Command::new(WEIR)
                 .current_dir(job.dir.path())
                 .args(["worker", "--pipeline", "pipeline.yaml", "--index", &i.to_string()])
-                .args(["--control-addr", &SocketAddr::new(*ip, CONTROL_PORT).to_string()])
+                // As the operator passes it: the pod's IP alone (the kubelet
+                // expands $(POD_IP)); the port is the standard one.
+                .args(["--control-addr", &ip.to_string()])
                 .args(if extra.contains(&"--state-dir") { &[][..] } else { &["--state-dir", "state"][..] })
                 .args(["--membership-timeout", "60s"])
                 .args(extra)
@@ -51,7 +58,7 @@ impl Pods {
             logs.push(log);
         }
         let pods = Pods { ips, children, logs };
-        for i in 0..2 {
+        for i in 0..pods.ips.len() {
             pods.wait_healthy(i);
         }
         pods
@@ -287,6 +294,19 @@ fn a_stopping_savepoint_location_from_the_api_restores_as_given_exactly_once() {
     second.put_membership("pod-run-y");
     assert_eq!(second.status_of_run(1, "pod-run-y").restored_from.as_deref(), Some(savepoint.as_str()));
     second.wait_finished();
+    job.assert_exactly_once();
+}
+
+#[test]
+fn a_worker_on_an_ipv6_pod_ip_serves_joins_and_finishes() {
+    // ::1 stands for an IPv6 pod IP: the control address is given bare, the
+    // membership carries bracketed [::1]:port addresses for data and coordinator.
+    let job = Job::counting(1, 2_000, 5, 0, "200ms");
+    let ips = vec![IpAddr::from(std::net::Ipv6Addr::LOCALHOST)];
+    let mut pods = Pods::start_on(&job, ips, "v6", "pod-run-v6", &[]);
+    assert_eq!(pods.control(0).to_string(), "[::1]:6120");
+    pods.put_membership("pod-run-v6");
+    pods.wait_finished();
     job.assert_exactly_once();
 }
 

@@ -77,6 +77,13 @@ The image reference: repository:tag, the tag defaulting to appVersion.
 {{- end }}
 
 {{/*
+The default worker image: workerImage.repository:tag, the tag defaulting to appVersion.
+*/}}
+{{- define "weir-operator.workerImage" -}}
+{{- printf "%s:%s" .Values.workerImage.repository (.Values.workerImage.tag | default .Chart.AppVersion) }}
+{{- end }}
+
+{{/*
 The rules of the operator's job permissions (StreamJobs and what it creates
 for them), in the watched namespace(s). Exactly what the operator uses.
 */}}
@@ -99,4 +106,9 @@ for them), in the watched namespace(s). Exactly what the operator uses.
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+{{- if .Values.networkPolicy.enabled }}
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "create", "patch"]
+{{- end }}
 {{- end }}

@@ -2,11 +2,13 @@
 //! StreamJob, its run and the operator's settings. The reconciler applies
 //! them with server-side apply; nothing here talks to the API server.
 
+mod check;
 mod pod;
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::ByteString;
 use kube::{Resource, ResourceExt};
@@ -16,7 +18,8 @@ use weir_api::streamjob::StreamJob;
 use crate::error::{Error, Result};
 use crate::names;
 
-pub use pod::{worker_pod, WorkerSettings};
+pub use check::{check, Refusal};
+pub use pod::{default_resources, worker_image, worker_pod, WorkerSettings, DEFAULT_UID, OWNED_ENV, PIPELINE_VOLUME, TMP_DIR, TMP_VOLUME, WORKER_CONTAINER};
 
 /// Labels of every object a job owns.
 pub fn job_labels(job: &StreamJob) -> BTreeMap<String, String> {
@@ -82,6 +85,50 @@ pub fn workers_service(job: &StreamJob) -> Result<Service> {
             ..Default::default()
         }),
         ..Default::default()
+    })
+}
+
+/// Where the operator runs, for the NetworkPolicy that lets only it reach
+/// the workers' control port (`--worker-network-policy`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NetworkPolicySettings {
+    /// The operator's namespace.
+    pub namespace: String,
+    /// Labels that select the operator's pods there.
+    pub pod_labels: BTreeMap<String, String>,
+}
+
+/// A NetworkPolicy over the job's workers: their control port (6120) only
+/// from the operator's pods, their data and coordinator ports (6121, 6122)
+/// only from the job's own workers, nothing else. A NetworkPolicy cannot say
+/// "pods with the same label value", so each job gets its own.
+pub fn network_policy(job: &StreamJob, settings: &NetworkPolicySettings) -> Result<NetworkPolicy> {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let workers = LabelSelector { match_labels: Some(BTreeMap::from([(names::JOB_LABEL.to_string(), job.name_any())])), ..Default::default() };
+    let ports = |ps: &[u16]| -> Vec<NetworkPolicyPort> {
+        ps.iter().map(|p| NetworkPolicyPort { port: Some(IntOrString::Int((*p).into())), protocol: Some("TCP".into()), ..Default::default() }).collect()
+    };
+    let operator = NetworkPolicyPeer {
+        namespace_selector: Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([("kubernetes.io/metadata.name".to_string(), settings.namespace.clone())])),
+            ..Default::default()
+        }),
+        pod_selector: Some(LabelSelector { match_labels: Some(settings.pod_labels.clone()), ..Default::default() }),
+        ..Default::default()
+    };
+    let peers = NetworkPolicyPeer { pod_selector: Some(workers.clone()), ..Default::default() };
+    Ok(NetworkPolicy {
+        metadata: meta(job, names::network_policy(&job.name_any()))?,
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(workers),
+            policy_types: Some(vec!["Ingress".into()]),
+            ingress: Some(vec![
+                NetworkPolicyIngressRule { from: Some(vec![operator]), ports: Some(ports(&[CONTROL_PORT])) },
+                NetworkPolicyIngressRule { from: Some(vec![peers]), ports: Some(ports(&[DATA_PORT, COORDINATOR_PORT])) },
+            ]),
+            ..Default::default()
+        }),
     })
 }
 

@@ -1,37 +1,164 @@
 //! A worker pod: one per worker index of a run.
+//!
+//! Three layers, the later winning: the StreamJob's `spec.podTemplate`, its
+//! explicit pod fields (`image`, `resources`, `env`, `nodeSelector`, ...),
+//! and what the operator must own for the run to work (command and args,
+//! ports, the token and run env, the run labels, restartPolicy, owner). The
+//! pod is restricted-Pod-Security by default; a template's securityContext
+//! fields replace the defaults one by one.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, Pod, PodSpec, Probe,
-    SecretKeySelector, Volume, VolumeMount,
+    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
+    ObjectFieldSelector, Pod, PodSecurityContext, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector,
+    SecurityContext, Volume, VolumeMount,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use weir_api::control::{CONTROL_PORT, COORDINATOR_PORT, DATA_PORT};
-use weir_api::streamjob::{RunStatus, StreamJob};
+use weir_api::streamjob::{RunStatus, StreamJob, DEFAULT_CPU_REQUEST, DEFAULT_MEMORY_LIMIT, DEFAULT_MEMORY_REQUEST};
 
 use super::{job_labels, owner, state_dir};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::names;
 
+/// The container that runs `weir worker`; a template container of this
+/// name is merged into it (the Flink operator's convention for its main container).
+pub const WORKER_CONTAINER: &str = "worker";
+/// The volume of the pipeline ConfigMap, mounted read-only at [`names::PIPELINE_DIR`].
+pub const PIPELINE_VOLUME: &str = "weir-pipeline";
+/// An emptyDir at [`TMP_DIR`]: the root filesystem is read-only, and
+/// libraries expect a writable /tmp. (The worker itself writes only to its
+/// checkpoint storage and its sink's directory.)
+pub const TMP_VOLUME: &str = "weir-tmp";
+pub const TMP_DIR: &str = "/tmp";
+/// The UID, GID and fsGroup worker pods run as by default (the images' user).
+pub const DEFAULT_UID: i64 = 65532;
+
+/// Environment variables only the operator sets: a template's or the spec's
+/// are dropped, so that nobody can shadow the token or the run.
+pub const OWNED_ENV: &[&str] = &["POD_IP", "WEIR_CONTROL_TOKEN", "WEIR_RUN_ID"];
+
 /// Operator-wide settings that shape worker pods.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct WorkerSettings {
     /// ServiceAccount of worker pods when the StreamJob names none.
     pub service_account: Option<String>,
+    /// The worker image of StreamJobs that name none (`--default-worker-image`).
+    pub default_image: Option<String>,
+    /// runAsUser, runAsGroup and fsGroup of worker pods; `None`: left to the
+    /// platform (OpenShift assigns each namespace its own range).
+    pub uid: Option<i64>,
+    /// With `Some`, every job gets a NetworkPolicy (see [`super::network_policy`]).
+    pub network_policy: Option<super::NetworkPolicySettings>,
+}
+
+impl Default for WorkerSettings {
+    fn default() -> Self {
+        WorkerSettings { service_account: None, default_image: None, uid: Some(DEFAULT_UID), network_policy: None }
+    }
+}
+
+/// The image the job's workers run: `spec.image`, else the image of the pod
+/// template's `worker` container, else the operator's default; `None` when
+/// there is none of the three.
+pub fn worker_image(job: &StreamJob, settings: &WorkerSettings) -> Option<String> {
+    let nonempty = |s: &Option<String>| s.clone().filter(|s| !s.is_empty());
+    nonempty(&job.spec.image)
+        .or_else(|| nonempty(&template_worker(job).and_then(|c| c.image)))
+        .or_else(|| nonempty(&settings.default_image))
+}
+
+fn template_worker(job: &StreamJob) -> Option<Container> {
+    job.spec.pod_template.as_ref()?.spec.as_ref()?.containers.iter().find(|c| c.name == WORKER_CONTAINER).cloned()
 }
 
 pub fn worker_pod(job: &StreamJob, run: &RunStatus, index: u32, settings: &WorkerSettings) -> Result<Pod> {
     let spec = &job.spec;
     let name = job.name_any();
-    // The user's labels first, so that the operator's own win on conflict.
-    let mut labels: BTreeMap<String, String> = spec.pod_labels.clone();
+    let image = worker_image(job, settings).ok_or_else(|| Error::Build {
+        object: names::pod(&name, run.number, index),
+        message: "no worker image: set spec.image, or install the operator with a default worker image".into(),
+    })?;
+    let template = spec.pod_template.clone().unwrap_or_default();
+    let template_meta = template.metadata.unwrap_or_default();
+    let mut pod = template.spec.unwrap_or_default();
+
+    // Template, then the spec's fields, then the operator's labels.
+    let mut labels = template_meta.labels.unwrap_or_default();
+    labels.extend(spec.pod_labels.clone());
     labels.extend(job_labels(job));
     labels.insert(names::RUN_LABEL.into(), run.id.clone());
     labels.insert(names::WORKER_LABEL.into(), index.to_string());
+    let mut annotations = template_meta.annotations.unwrap_or_default();
+    annotations.extend(spec.pod_annotations.clone());
 
+    // The worker first (kubectl logs and exec pick the first container),
+    // then the template's other containers as sidecars.
+    let mut containers = std::mem::take(&mut pod.containers);
+    let from_template = containers.iter().position(|c| c.name == WORKER_CONTAINER).map(|i| containers.remove(i));
+    let worker = worker_container(job, run, index, image, from_template.unwrap_or_default());
+    let own_tmp = worker.volume_mounts.iter().flatten().any(|m| m.name == TMP_VOLUME);
+    containers.insert(0, worker);
+    pod.containers = containers;
+
+    let mut volumes = vec![Volume {
+        name: PIPELINE_VOLUME.into(),
+        config_map: Some(ConfigMapVolumeSource { name: names::pipeline_config_map(&name), ..Default::default() }),
+        ..Default::default()
+    }];
+    if own_tmp {
+        volumes.push(Volume { name: TMP_VOLUME.into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() });
+    }
+    volumes.extend(pod.volumes.take().unwrap_or_default().into_iter().filter(|v| v.name != PIPELINE_VOLUME && v.name != TMP_VOLUME));
+    pod.volumes = Some(volumes);
+
+    // A worker's exit ends its run; the operator restores the whole job.
+    pod.restart_policy = Some("Never".into());
+    pod.service_account_name = spec.service_account_name.clone().or(pod.service_account_name).or_else(|| settings.service_account.clone());
+    // Workers never call the Kubernetes API (a sidecar that does may ask for a token).
+    pod.automount_service_account_token = pod.automount_service_account_token.or(Some(false));
+    let mut node_selector = pod.node_selector.take().unwrap_or_default();
+    node_selector.extend(spec.node_selector.clone());
+    pod.node_selector = (!node_selector.is_empty()).then_some(node_selector);
+    let mut tolerations = pod.tolerations.take().unwrap_or_default();
+    tolerations.extend(spec.tolerations.iter().cloned());
+    pod.tolerations = (!tolerations.is_empty()).then_some(tolerations);
+    pod.affinity = spec.affinity.clone().or(pod.affinity);
+    pod.termination_grace_period_seconds = pod.termination_grace_period_seconds.or(Some(10));
+    // Workers find each other by IP, never by Service environment variables.
+    pod.enable_service_links = pod.enable_service_links.or(Some(false));
+    pod.security_context = Some(overlay(restricted_pod_security(settings.uid), pod.security_context.take()));
+
+    Ok(Pod {
+        metadata: ObjectMeta {
+            name: Some(names::pod(&name, run.number, index)),
+            namespace: job.namespace(),
+            labels: Some(labels),
+            annotations: (!annotations.is_empty()).then_some(annotations),
+            owner_references: Some(vec![owner(job)?]),
+            ..Default::default()
+        },
+        spec: Some(pod),
+        status: None,
+    })
+}
+
+/// The worker container: `base` (the template's `worker` container, or an
+/// empty one) with the operator's and the spec's parts put in.
+fn worker_container(job: &StreamJob, run: &RunStatus, index: u32, image: String, base: Container) -> Container {
+    let spec = &job.spec;
+    let name = job.name_any();
+    let mut c = base;
+    c.name = WORKER_CONTAINER.into();
+    c.image = Some(image);
+    // The image's entrypoint (`weir`) runs the operator's arguments.
+    c.command = None;
     let mut args = vec![
         "worker".to_string(),
         "--pipeline".into(),
@@ -39,9 +166,11 @@ pub fn worker_pod(job: &StreamJob, run: &RunStatus, index: u32, settings: &Worke
         "--index".into(),
         index.to_string(),
         // $(POD_IP) is expanded by the kubelet: the worker listens on its own
-        // pod IP, which is also what the membership names.
+        // pod IP, which is also what the membership names. The IP alone (the
+        // worker adds the standard port): `$(POD_IP):6120` is no address
+        // when the pod IP is IPv6.
         "--control-addr".into(),
-        format!("$(POD_IP):{CONTROL_PORT}"),
+        "$(POD_IP)".into(),
         "--state-dir".into(),
         state_dir(job),
         "--base-dir".into(),
@@ -54,7 +183,55 @@ pub fn worker_pod(job: &StreamJob, run: &RunStatus, index: u32, settings: &Worke
     if spec.allow_non_restored_state {
         args.push("--allow-non-restored-state".into());
     }
+    c.args = Some(args);
+    let port = |name: &str, port: u16| ContainerPort { name: Some(name.into()), container_port: port.into(), protocol: Some("TCP".into()), ..Default::default() };
+    c.ports = Some(vec![port("control", CONTROL_PORT), port("data", DATA_PORT), port("coordinator", COORDINATOR_PORT)]);
+    c.env = Some(worker_env(job, run, c.env.take().unwrap_or_default()));
+    let mut env_from = c.env_from.take().unwrap_or_default();
+    env_from.extend(spec.env_from.iter().cloned());
+    c.env_from = (!env_from.is_empty()).then_some(env_from);
+    c.resources = [spec.resources.clone(), c.resources.take()].into_iter().flatten().find(|r| !is_empty(r)).or_else(|| Some(default_resources()));
+    c.readiness_probe = Some(Probe {
+        http_get: Some(HTTPGetAction { path: Some("/healthz".into()), port: IntOrString::Int(CONTROL_PORT.into()), ..Default::default() }),
+        period_seconds: Some(2),
+        ..Default::default()
+    });
+    // The pipeline at /etc/weir is the operator's; /tmp is an emptyDir unless
+    // the template mounts something there itself (a bigger or memory-backed one).
+    let theirs: Vec<VolumeMount> = c
+        .volume_mounts
+        .take()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|m| m.mount_path.trim_end_matches('/') != names::PIPELINE_DIR && m.name != PIPELINE_VOLUME && m.name != TMP_VOLUME)
+        .collect();
+    let mut mounts = vec![VolumeMount { name: PIPELINE_VOLUME.into(), mount_path: names::PIPELINE_DIR.into(), read_only: Some(true), ..Default::default() }];
+    if !theirs.iter().any(|m| m.mount_path.trim_end_matches('/') == TMP_DIR) {
+        mounts.push(VolumeMount { name: TMP_VOLUME.into(), mount_path: TMP_DIR.into(), ..Default::default() });
+    }
+    mounts.extend(theirs);
+    c.volume_mounts = Some(mounts);
+    c.security_context = Some(overlay(restricted_container_security(), c.security_context.take()));
+    // The worker is the main container, never a (native) sidecar.
+    c.restart_policy = None;
+    c
+}
 
+/// The worker's environment: the operator's variables first (so that later
+/// ones can refer to `$(POD_IP)`), then the template's, replaced on the same
+/// name by the spec's. `OWNED_ENV` names from either are dropped.
+fn worker_env(job: &StreamJob, run: &RunStatus, template: Vec<EnvVar>) -> Vec<EnvVar> {
+    let name = job.name_any();
+    let mut user: Vec<EnvVar> = Vec::new();
+    for e in template.into_iter().chain(job.spec.env.iter().cloned()) {
+        if OWNED_ENV.contains(&e.name.as_str()) {
+            continue;
+        }
+        match user.iter_mut().find(|u| u.name == e.name) {
+            Some(existing) => *existing = e,
+            None => user.push(e),
+        }
+    }
     let mut env = vec![
         EnvVar {
             name: "POD_IP".into(),
@@ -72,56 +249,65 @@ pub fn worker_pod(job: &StreamJob, run: &RunStatus, index: u32, settings: &Worke
             }),
             ..Default::default()
         },
-        EnvVar { name: "WEIR_LOG_JSON".into(), value: Some("1".into()), ..Default::default() },
         EnvVar { name: "WEIR_RUN_ID".into(), value: Some(run.id.clone()), ..Default::default() },
     ];
-    // The operator's variables come first so that a user's cannot shadow the token.
-    env.extend(spec.env.iter().filter(|e| !matches!(e.name.as_str(), "POD_IP" | "WEIR_CONTROL_TOKEN" | "WEIR_RUN_ID")).cloned());
+    // JSON logs unless the user says otherwise.
+    if !user.iter().any(|e| e.name == "WEIR_LOG_JSON") {
+        env.push(EnvVar { name: "WEIR_LOG_JSON".into(), value: Some("1".into()), ..Default::default() });
+    }
+    env.extend(user);
+    env
+}
 
-    let port = |name: &str, port: u16| ContainerPort { name: Some(name.into()), container_port: port.into(), ..Default::default() };
-    let container = Container {
-        name: "worker".into(),
-        image: Some(spec.image.clone()),
-        args: Some(args),
-        env: Some(env),
-        env_from: (!spec.env_from.is_empty()).then(|| spec.env_from.clone()),
-        ports: Some(vec![port("control", CONTROL_PORT), port("data", DATA_PORT), port("coordinator", COORDINATOR_PORT)]),
-        resources: spec.resources.clone(),
-        readiness_probe: Some(Probe {
-            http_get: Some(HTTPGetAction { path: Some("/healthz".into()), port: IntOrString::Int(CONTROL_PORT.into()), ..Default::default() }),
-            period_seconds: Some(2),
-            ..Default::default()
-        }),
-        volume_mounts: Some(vec![VolumeMount { name: "pipeline".into(), mount_path: names::PIPELINE_DIR.into(), read_only: Some(true), ..Default::default() }]),
+fn is_empty(r: &ResourceRequirements) -> bool {
+    r.limits.as_ref().is_none_or(BTreeMap::is_empty) && r.requests.as_ref().is_none_or(BTreeMap::is_empty) && r.claims.as_ref().is_none_or(Vec::is_empty)
+}
+
+/// Resources of a worker whose job gives none (see weir_api's defaults).
+pub fn default_resources() -> ResourceRequirements {
+    let q = |s: &str| Quantity(s.into());
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([("cpu".into(), q(DEFAULT_CPU_REQUEST)), ("memory".into(), q(DEFAULT_MEMORY_REQUEST))])),
+        limits: Some(BTreeMap::from([("memory".into(), q(DEFAULT_MEMORY_LIMIT))])),
         ..Default::default()
+    }
+}
+
+/// The pod part of the restricted Pod Security Standard, with the images'
+/// numeric user (`uid`; `None`: the platform assigns one).
+fn restricted_pod_security(uid: Option<i64>) -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: uid,
+        run_as_group: uid,
+        // Volumes that support it (a PVC's, an emptyDir) are made writable for the group.
+        fs_group: uid,
+        seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() }),
+        ..Default::default()
+    }
+}
+
+/// The container part of the restricted Pod Security Standard.
+fn restricted_container_security() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Default::default() }),
+        read_only_root_filesystem: Some(true),
+        ..Default::default()
+    }
+}
+
+/// `defaults` with every field `theirs` sets replaced by theirs (one level
+/// deep: a template's `seccompProfile` replaces the default one whole).
+fn overlay<T: Serialize + DeserializeOwned + Clone>(defaults: T, theirs: Option<T>) -> T {
+    let Some(theirs) = theirs else { return defaults };
+    let (Ok(serde_json::Value::Object(mut base)), Ok(serde_json::Value::Object(top))) = (serde_json::to_value(&defaults), serde_json::to_value(&theirs)) else {
+        return theirs;
     };
-    Ok(Pod {
-        metadata: ObjectMeta {
-            name: Some(names::pod(&name, run.number, index)),
-            namespace: job.namespace(),
-            labels: Some(labels),
-            annotations: (!spec.pod_annotations.is_empty()).then(|| spec.pod_annotations.clone()),
-            owner_references: Some(vec![owner(job)?]),
-            ..Default::default()
-        },
-        spec: Some(PodSpec {
-            containers: vec![container],
-            // A worker's exit ends its run; the operator restores the whole job.
-            restart_policy: Some("Never".into()),
-            service_account_name: spec.service_account_name.clone().or_else(|| settings.service_account.clone()),
-            // Workers never call the Kubernetes API.
-            automount_service_account_token: Some(false),
-            node_selector: (!spec.node_selector.is_empty()).then(|| spec.node_selector.clone()),
-            tolerations: (!spec.tolerations.is_empty()).then(|| spec.tolerations.clone()),
-            affinity: spec.affinity.clone(),
-            termination_grace_period_seconds: Some(10),
-            volumes: Some(vec![Volume {
-                name: "pipeline".into(),
-                config_map: Some(ConfigMapVolumeSource { name: names::pipeline_config_map(&name), ..Default::default() }),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-        status: None,
-    })
+    for (k, v) in top {
+        if !v.is_null() {
+            base.insert(k, v);
+        }
+    }
+    serde_json::from_value(serde_json::Value::Object(base)).unwrap_or(theirs)
 }

@@ -16,9 +16,9 @@ impl State for Created {
     fn step(cx: &Cx, st: &mut StreamJobStatus) -> Step {
         if let Err(why) = &cx.validation {
             // Reported in status and an event; never a crash loop.
-            st.last_failure = Some(Failure { time: Time(cx.now), reason: "InvalidSpec".into(), message: why.clone() });
+            st.last_failure = Some(Failure { time: Time(cx.now), reason: why.reason.into(), message: why.message.clone() });
             return Step::to::<Created, Failed>()
-                .warning("InvalidSpec", why.clone())
+                .warning(why.reason, why.message.clone())
                 .message(format!("not deployed: {why}"));
         }
         if cx.job.spec.state == JobState::Suspended {

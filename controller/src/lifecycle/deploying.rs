@@ -14,7 +14,7 @@ impl State for Deploying {
 
     fn step(cx: &Cx, st: &mut StreamJobStatus) -> Step {
         match advance(cx, st) {
-            Progress::Waiting { effects, message, requeue } => Step::stay::<Deploying>().effects(effects).message(message).requeue(requeue),
+            Progress::Waiting(w) => w.step::<Deploying>(""),
             Progress::Running => {
                 let from = restored_from(cx);
                 Step::to::<Deploying, Running>().event("Running", format!("all workers run; {from}")).message(format!("running; {from}")).requeue(Duration::from_secs(2))

@@ -4,10 +4,12 @@
 
 use std::time::Duration;
 
-use weir_api::streamjob::StreamJobStatus;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use weir_api::streamjob::{Failure, StreamJobStatus};
 
 use super::run::{new_run, LATEST};
 use super::{Cx, Deploying, State, Step};
+use crate::desired::Refusal;
 
 pub struct Failed;
 
@@ -19,13 +21,19 @@ impl State for Failed {
         let restart_asked = spec.restart_trigger.is_some() && spec.restart_trigger != st.observed_restart_trigger;
         let spec_changed = st.run.as_ref().map(|r| r.spec_hash != cx.spec_hash).unwrap_or(true)
             && st.observed_generation != cx.job.metadata.generation;
-        if !(restart_asked || spec_changed) {
+        // A job refused for what the operator lacked (a default worker image)
+        // starts once the operator has it, without an edit of the spec.
+        let refusal_gone = st.run.is_none()
+            && cx.validation.is_ok()
+            && st.last_failure.as_ref().is_some_and(|f| f.reason == Refusal::NO_WORKER_IMAGE);
+        if !(restart_asked || spec_changed || refusal_gone) {
             return Step::stay::<Failed>();
         }
         if let Err(why) = &cx.validation {
             st.observed_restart_trigger = spec.restart_trigger.clone();
+            st.last_failure = Some(Failure { time: Time(cx.now), reason: why.reason.into(), message: why.message.clone() });
             let m = format!("not deployed: {why}");
-            return Step::stay::<Failed>().warning("InvalidSpec", why.clone()).message(m);
+            return Step::stay::<Failed>().warning(why.reason, why.message.clone()).message(m);
         }
         st.observed_restart_trigger = spec.restart_trigger.clone();
         st.restarts_in_a_row = 0;
@@ -36,7 +44,13 @@ impl State for Failed {
             Some(LATEST.into())
         };
         new_run(cx, st, restore, None);
-        let why = if restart_asked { "spec.restartTrigger changed" } else { "the spec changed" };
+        let why = if restart_asked {
+            "spec.restartTrigger changed"
+        } else if spec_changed {
+            "the spec changed"
+        } else {
+            "the operator now has a worker image"
+        };
         Step::to::<Failed, Deploying>()
             .event("Deploying", format!("{why}: starting again from the job's newest state"))
             .message(format!("{why}: deploying"))

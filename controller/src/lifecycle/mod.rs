@@ -38,10 +38,12 @@ use jiff::Timestamp;
 use weir_api::control::Membership;
 use weir_api::streamjob::{Phase, StreamJob, StreamJobStatus};
 
+use crate::desired::{self, Refusal, WorkerSettings};
 use crate::observe::Observed;
 use crate::spec_hash::spec_hash;
 
 pub use created::Created;
+pub use run::REFUSED_POD;
 pub use deleting::Deleting;
 pub use deploying::Deploying;
 pub use failed::Failed;
@@ -183,7 +185,7 @@ pub struct Cx<'a> {
     /// Hash of the current spec's pod-shaping fields.
     pub spec_hash: String,
     /// The spec's validation: the pipeline's guarantee, or why it cannot run.
-    pub validation: Result<weir_api::Guarantee, String>,
+    pub validation: Result<weir_api::Guarantee, Refusal>,
 }
 
 /// The outcome of one reconcile's decision.
@@ -197,10 +199,12 @@ pub struct Decision {
     pub transition: Option<(Option<Phase>, Phase, Duration)>,
 }
 
-/// Decides the next status and effects of `job` from what was observed.
-pub fn decide(job: &StreamJob, obs: &Observed) -> Decision {
-    let validation = job.spec.validate().map(|p| p.guarantee()).map_err(|e| e.to_string());
-    let cx = Cx { job, obs, now: obs.now, spec_hash: spec_hash(&job.spec), validation };
+/// Decides the next status and effects of `job` from what was observed;
+/// `settings` are the operator's (the default worker image, ...).
+pub fn decide(job: &StreamJob, obs: &Observed, settings: &WorkerSettings) -> Decision {
+    let validation = validate(job, settings);
+    let image = desired::worker_image(job, settings);
+    let cx = Cx { job, obs, now: obs.now, spec_hash: spec_hash(&job.spec, image.as_deref()), validation };
     let mut st = job.status.clone().unwrap_or_default();
     let before = st.phase;
     let step = if job.metadata.deletion_timestamp.is_some() {
@@ -224,6 +228,15 @@ pub fn decide(job: &StreamJob, obs: &Observed) -> Decision {
         }
     };
     status::finish(&cx, st, before, step)
+}
+
+/// Everything checked before a job's pods are created: the spec and its
+/// pipeline (what `weir run` checks, plus what CEL cannot), then what the
+/// pods need ([`desired::check`]: a worker image, shared storage).
+pub fn validate(job: &StreamJob, settings: &WorkerSettings) -> Result<weir_api::Guarantee, Refusal> {
+    let pipeline = job.spec.validate().map_err(|e| Refusal::invalid(e.to_string()))?;
+    desired::check(job, &pipeline.sink, settings)?;
+    Ok(pipeline.guarantee())
 }
 
 /// Deletion can start in any state; the move is still checked per state.

@@ -16,7 +16,7 @@ impl State for Recovering {
 
     fn step(cx: &Cx, st: &mut StreamJobStatus) -> Step {
         match advance(cx, st) {
-            Progress::Waiting { effects, message, requeue } => Step::stay::<Recovering>().effects(effects).message(format!("recovering: {message}")).requeue(requeue),
+            Progress::Waiting(w) => w.step::<Recovering>("recovering: "),
             Progress::Running => {
                 let from = restored_from(cx);
                 Step::to::<Recovering, Running>()

@@ -13,7 +13,7 @@ use weir_api::control::{Membership, CONTROL_PORT};
 use weir_api::streamjob::{Failure, RunStatus, StreamJobStatus};
 
 use super::{human, Cx, Effect};
-use crate::observe::RunHealth;
+use crate::observe::{Rejection, RunHealth};
 
 /// Restore from the latest completed checkpoint or savepoint of the job (the
 /// worker falls back to a fresh start, or to the initial savepoint, when the
@@ -34,14 +34,45 @@ pub(super) fn new_run(cx: &Cx, st: &mut StreamJobStatus, restore_from: Option<St
         pods_created: false,
         not_before: not_before.map(Time),
         started_at: Time(cx.now),
+        refusals: 0,
+        last_refusal: None,
     });
 }
 
 pub(super) enum Progress {
-    Waiting { effects: Vec<Effect>, message: String, requeue: Duration },
+    Waiting(Waiting),
     Running,
     Finished,
     Failed { reason: String, message: String, fatal: bool },
+}
+
+/// The run is not up yet: what to do meanwhile.
+pub(super) struct Waiting {
+    effects: Vec<Effect>,
+    message: String,
+    requeue: Duration,
+    /// A Warning event (reason, message).
+    warning: Option<(String, String)>,
+    /// The Degraded condition (reason, message) while waiting.
+    degraded: Option<(String, String)>,
+}
+
+impl Waiting {
+    fn new(effects: Vec<Effect>, message: impl Into<String>, requeue: Duration) -> Progress {
+        Progress::Waiting(Waiting { effects, message: message.into(), requeue, warning: None, degraded: None })
+    }
+
+    /// Stay in `S`; the status message starts with `prefix`.
+    pub(super) fn step<S: super::State>(self, prefix: &str) -> super::Step {
+        let mut step = super::Step::stay::<S>().effects(self.effects).message(format!("{prefix}{}", self.message)).requeue(self.requeue);
+        if let Some((reason, message)) = self.warning {
+            step = step.warning(&reason, message);
+        }
+        if let Some((reason, message)) = self.degraded {
+            step = step.degraded(&reason, message);
+        }
+        step
+    }
 }
 
 /// One step of bringing `status.run` up.
@@ -51,40 +82,57 @@ pub(super) fn advance(cx: &Cx, st: &mut StreamJobStatus) -> Progress {
     };
     let others = cx.obs.pods_of_other_runs(Some(&run.id));
     if others > 0 {
-        return Progress::Waiting {
-            effects: vec![Effect::DeleteOtherPods],
-            message: format!("stopping {others} pod(s) of the previous run before run {} starts", run.number),
-            requeue: Duration::from_millis(500),
-        };
+        return Waiting::new(
+            vec![Effect::DeleteOtherPods],
+            format!("stopping {others} pod(s) of the previous run before run {} starts", run.number),
+            Duration::from_millis(500),
+        );
+    }
+    let mine = cx.obs.pods.len();
+    if let Some(r) = cx.obs.rejected.as_ref().filter(|r| run.pods_created && r.run_id == run.id) {
+        return refused(cx, run, r, mine);
     }
     if !run.pods_created {
+        if run.refusals > 0 {
+            // A refused run whose pods were never made can take the current
+            // spec: a fixed pod template is tried at once, not after the backoff.
+            if run.spec_hash != cx.spec_hash && cx.validation.is_ok() {
+                run.spec_hash = cx.spec_hash.clone();
+                run.workers = cx.job.spec.parallelism.max(1);
+                run.not_before = None;
+            }
+            if mine > 0 {
+                // Some pods were created before one was refused: gone before the next try.
+                return Waiting::new(vec![Effect::DeleteAllPods], format!("removing {mine} pod(s) of run {} created before the refusal", run.number), Duration::from_millis(500));
+            }
+        }
         if let Some(t) = &run.not_before {
             if t.0 > cx.now {
                 let wait = Duration::try_from(t.0.duration_since(cx.now)).unwrap_or_default();
-                return Progress::Waiting {
-                    effects: Vec::new(),
-                    message: format!("restarting in {} (backoff)", human(wait)),
-                    requeue: wait,
+                // A time, not a countdown: the message must not change from
+                // one reconcile to the next, or every reconcile would write
+                // the status, whose watch event triggers the next reconcile.
+                let at = t.0.round(jiff::Unit::Second).unwrap_or(t.0);
+                let Some(refusal) = run.last_refusal.clone().filter(|_| run.refusals > 0) else {
+                    return Waiting::new(Vec::new(), format!("restarting at {at} (backoff)"), wait);
                 };
+                let m = format!("{refusal}; creating the pods again at {at}");
+                let mut w = Waiting { effects: Vec::new(), message: m.clone(), requeue: wait, warning: None, degraded: None };
+                w.degraded = Some((refusal_reason(run).into(), m));
+                return Progress::Waiting(w);
             }
         }
         run.pods_created = true;
         let from = run.restore_from.as_deref().map(|r| format!(", restoring from {r}")).unwrap_or_else(|| ", fresh start".into());
-        return Progress::Waiting {
-            effects: vec![Effect::CreateRun],
-            message: format!("creating {} worker pod(s) of run {}{from}", run.workers, run.number),
-            requeue: Duration::from_secs(1),
-        };
+        return Waiting::new(vec![Effect::CreateRun], format!("creating {} worker pod(s) of run {}{from}", run.workers, run.number), Duration::from_secs(1));
     }
     let run = run.clone();
     match cx.obs.health(&run) {
-        RunHealth::NotCreated => Progress::Waiting { effects: vec![Effect::CreateRun], message: "creating worker pods".into(), requeue: Duration::from_secs(1) },
-        RunHealth::Starting { waiting_for } => Progress::Waiting {
-            effects: Vec::new(),
-            message: format!("waiting for {}", waiting_for.unwrap_or_else(|| "the worker pods".into())),
-            // Pod changes wake the reconciler (it watches the pods it owns).
-            requeue: Duration::from_secs(5),
-        },
+        RunHealth::NotCreated => Waiting::new(vec![Effect::CreateRun], "creating worker pods", Duration::from_secs(1)),
+        // Pod changes wake the reconciler (it watches the pods it owns).
+        RunHealth::Starting { waiting_for } => {
+            Waiting::new(Vec::new(), format!("waiting for {}", waiting_for.unwrap_or_else(|| "the worker pods".into())), Duration::from_secs(5))
+        }
         RunHealth::Finished => Progress::Finished,
         RunHealth::Failed { reason, message, fatal } => Progress::Failed { reason, message, fatal },
         RunHealth::Running { ips } => {
@@ -99,18 +147,53 @@ pub(super) fn advance(cx: &Cx, st: &mut StreamJobStatus) -> Progress {
             // Until the coordinator runs, (re)send the membership to every worker:
             // it is idempotent, and a worker that missed it would wait forever.
             let Some(membership) = Membership::of_pods(run.id.clone(), &ips) else {
-                return Progress::Waiting { effects: Vec::new(), message: "waiting for pod IPs".into(), requeue: Duration::from_millis(500) };
+                return Waiting::new(Vec::new(), "waiting for pod IPs", Duration::from_millis(500));
             };
             let workers = ips.iter().map(|ip| SocketAddr::new(*ip, CONTROL_PORT)).collect();
             let phase = cx.obs.coordinator.as_ref().map(|c| c.phase.clone()).unwrap_or_else(|| "not answering yet".into());
-            Progress::Waiting {
-                effects: vec![Effect::SendMembership { membership, workers }],
-                message: format!("workers of run {} joining (coordinator: {phase})", run.number),
-                requeue: Duration::from_millis(300),
-            }
+            Waiting::new(
+                vec![Effect::SendMembership { membership, workers }],
+                format!("workers of run {} joining (coordinator: {phase})", run.number),
+                Duration::from_millis(300),
+            )
         }
     }
 }
+
+/// The API server refused to create the run's objects (Pod Security
+/// admission, a quota, a webhook, an invalid pod template): that is what
+/// status and a Warning event say, not that pods went missing. Nothing ran,
+/// so nothing is restored and no restart is counted; the objects are created
+/// again after `restartBackoff` (doubling, at most its max), or at once when
+/// the spec changes.
+fn refused(cx: &Cx, run: &mut RunStatus, r: &Rejection, mine: usize) -> Progress {
+    let backoff = &cx.job.spec.restart_backoff;
+    run.refusals += 1;
+    run.pods_created = false;
+    let wait = backoff_delay(backoff.initial.get(), backoff.max.get(), run.refusals);
+    run.not_before = Some(Time(cx.now.checked_add(wait).unwrap_or(cx.now)));
+    run.last_refusal = Some(r.message.clone());
+    let m = format!("{}; creating the pods again in {} (or at once when the spec changes)", r.message, human(wait));
+    let effects = if mine > 0 { vec![Effect::DeleteAllPods] } else { Vec::new() };
+    Progress::Waiting(Waiting {
+        effects,
+        message: m.clone(),
+        requeue: wait,
+        warning: Some((r.reason.clone(), m.clone())),
+        degraded: Some((r.reason.clone(), m)),
+    })
+}
+
+/// The Degraded reason while a refused run waits for its next try.
+fn refusal_reason(run: &RunStatus) -> &'static str {
+    match run.last_refusal.as_deref() {
+        Some(m) if m.starts_with(REFUSED_POD) => "PodRejected",
+        _ => "RunNotCreated",
+    }
+}
+
+/// How the message of a refused worker pod starts (see the reconciler).
+pub const REFUSED_POD: &str = "the API server refused worker pod";
 
 /// Records a failure and decides the restarted run, with exponential backoff.
 /// `Err` when the job restarted `restartBackoff.limit` times in a row without

@@ -59,7 +59,7 @@ impl State for Running {
         if cx.spec_hash != run.spec_hash {
             if let Err(why) = &cx.validation {
                 let m = format!("spec change not applied: {why}; the job keeps running the previous spec");
-                return Step::stay::<Running>().message(m.clone()).degraded("InvalidSpec", m).requeue(PROGRESS_INTERVAL);
+                return Step::stay::<Running>().message(m.clone()).degraded(why.reason, m).requeue(PROGRESS_INTERVAL);
             }
             return upgrade(cx, st);
         }

@@ -21,7 +21,7 @@ impl State for Suspended {
         }
         if let Err(why) = &cx.validation {
             let m = format!("not resumed: {why}");
-            return Step::stay::<Suspended>().message(m.clone()).degraded("InvalidSpec", m);
+            return Step::stay::<Suspended>().message(m.clone()).degraded(why.reason, m);
         }
         // A job created suspended has never run: it starts from spec.initialSavepoint.
         let restore = if st.run.is_none() {

@@ -8,7 +8,8 @@ use weir_api::control::{CheckpointStatus, JobStatus, SavepointOutcome, Savepoint
 use weir_api::streamjob::{JobState, Phase, SavepointReason, StreamJob, UpgradeMode};
 
 use super::{decide, Decision, Effect};
-use crate::observe::{Observed, PodView, START_GRACE};
+use crate::desired::WorkerSettings;
+use crate::observe::{Observed, PodView, Rejection, START_GRACE};
 use crate::testing::{exited, pod, JobBuilder};
 
 /// A job and the world around it, advanced one reconcile at a time.
@@ -18,11 +19,22 @@ struct World {
     pods: Vec<k8s_openapi::api::core::v1::Pod>,
     coordinator: Option<JobStatus>,
     savepoint: Option<Option<SavepointOutcome>>,
+    /// What the reconciler saw when it last created the run's objects.
+    rejected: Option<Rejection>,
+    settings: WorkerSettings,
 }
 
 impl World {
     fn new(job: StreamJob) -> World {
-        World { job, now: Timestamp::from_second(1_800_000_000).unwrap(), pods: Vec::new(), coordinator: None, savepoint: None }
+        World {
+            job,
+            now: Timestamp::from_second(1_800_000_000).unwrap(),
+            pods: Vec::new(),
+            coordinator: None,
+            savepoint: None,
+            rejected: None,
+            settings: WorkerSettings::default(),
+        }
     }
 
     fn step(&mut self) -> Decision {
@@ -30,7 +42,8 @@ impl World {
         obs.pods = self.pods.iter().map(PodView::of).collect();
         obs.coordinator = self.coordinator.clone();
         obs.savepoint = self.savepoint.clone();
-        let d = decide(&self.job, &obs);
+        obs.rejected = self.rejected.clone();
+        let d = decide(&self.job, &obs, &self.settings);
         self.job.status = Some(d.status.clone());
         // What the effects would do to the pods.
         for e in &d.effects {
@@ -336,7 +349,7 @@ fn after_an_operator_restart_a_requested_savepoint_is_asked_again_with_the_same_
 fn last_state_and_stateless_upgrades_restore_from_the_latest_checkpoint_or_nothing() {
     for (mode, restore) in [(UpgradeMode::LastState, Some("latest")), (UpgradeMode::Stateless, None)] {
         let mut w = World::running(JobBuilder::new("j").spec(|s| s.upgrade_mode = mode).build());
-        w.job.spec.image = "weir:2".into();
+        w.job.spec.image = Some("weir:2".into());
         let d = w.step();
         assert_eq!(w.phase(), Some(Phase::Upgrading));
         assert!(savepoint_requests(std::slice::from_ref(&d)).is_empty());
@@ -347,7 +360,7 @@ fn last_state_and_stateless_upgrades_restore_from_the_latest_checkpoint_or_nothi
 #[test]
 fn a_failed_deploy_during_an_upgrade_does_not_leave_the_job_upgrading() {
     let mut w = World::running(JobBuilder::new("j").spec(|s| s.upgrade_mode = UpgradeMode::LastState).build());
-    w.job.spec.image = "no-such-image".into();
+    w.job.spec.image = Some("no-such-image".into());
     w.until(Phase::Upgrading);
     w.step(); // delete old pods
     w.step(); // create
@@ -661,4 +674,184 @@ fn a_fatal_worker_error_while_a_savepoint_is_pending_fails_the_job_instead_of_re
     assert_eq!(w.phase(), Some(Phase::Failed));
     assert_eq!(d.status.restarts, 0);
     assert!(d.status.pending_savepoint.is_none());
+}
+
+fn condition(d: &Decision, type_: &str) -> (String, String, String) {
+    let c = d.status.conditions.iter().find(|c| c.type_ == type_).unwrap_or_else(|| panic!("no {type_} condition"));
+    (c.status.clone(), c.reason.clone(), c.message.clone())
+}
+
+#[test]
+fn file_storage_without_a_shared_volume_is_refused_in_status_and_an_event_and_a_volume_starts_the_job() {
+    let job = JobBuilder::new("j").spec(|s| s.pod_template = None).build();
+    let mut w = World::new(job);
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Failed));
+    assert!(d.effects.is_empty(), "nothing is created");
+    let (status, reason, message) = condition(&d, "Degraded");
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "SharedVolumeMissing"));
+    assert!(message.contains("spec.podTemplate.spec.volumes"), "{message}");
+    assert!(d.notes.iter().any(|n| n.warning && n.reason == "SharedVolumeMissing" && n.message.contains("persistentVolumeClaim")));
+    assert_eq!(w.step().notes, Vec::new(), "said once");
+    // The user adds the claim: the job deploys.
+    w.job = JobBuilder::new("j").generation(2).status(w.job.status.clone().unwrap()).build();
+    w.step();
+    assert_eq!(w.phase(), Some(Phase::Deploying));
+}
+
+#[test]
+fn a_job_without_an_image_starts_once_the_operator_has_a_default() {
+    let mut w = World::new(JobBuilder::new("j").spec(|s| s.image = None).build());
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Failed));
+    assert_eq!(condition(&d, "Degraded").1, "NoWorkerImage");
+    assert!(d.status.message.unwrap().contains("set spec.image"));
+    w.step();
+    assert_eq!(w.phase(), Some(Phase::Failed), "still no image");
+    // The operator restarted with --default-worker-image; the spec is unchanged.
+    w.settings.default_image = Some("localhost/weir:0.1.0".into());
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Deploying));
+    assert!(d.notes.iter().any(|n| n.message.contains("the operator now has a worker image")), "{:?}", d.notes);
+}
+
+/// What the reconciler records when the API server refuses the run's pods.
+fn refused_by_pod_security(w: &World) -> Rejection {
+    Rejection {
+        run_id: w.run_id(),
+        reason: "PodRejected".into(),
+        message: format!(
+            "{} j-1-0 (403 Forbidden): pods \"j-1-0\" is forbidden: violates PodSecurity \"restricted:latest\": allowPrivilegeEscalation != false",
+            super::REFUSED_POD
+        ),
+    }
+}
+
+#[test]
+fn a_pod_the_api_server_refuses_is_reported_as_refused_and_retried_with_backoff_not_restarted() {
+    let mut w = World::new(JobBuilder::new("j").build());
+    w.until(Phase::Deploying);
+    let d = w.step();
+    assert_eq!(d.effects, vec![Effect::CreateRun]);
+    // The API server said 403: no pod exists.
+    w.pods.clear();
+    w.rejected = Some(refused_by_pod_security(&w));
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Deploying), "not a failure of the job: nothing ran");
+    assert_eq!((d.status.restarts, d.status.last_failure.is_none()), (0, true));
+    let run = d.status.run.clone().unwrap();
+    assert!(!run.pods_created && run.refusals == 1);
+    assert!(run.last_refusal.as_deref().unwrap().contains("violates PodSecurity"));
+    let (status, reason, message) = condition(&d, "Degraded");
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "PodRejected"));
+    assert!(message.contains("violates PodSecurity \"restricted:latest\"") && message.contains("again in 1.0s"), "{message}");
+    assert!(d.notes.iter().any(|n| n.warning && n.reason == "PodRejected" && n.message.contains("allowPrivilegeEscalation")));
+    assert!(!d.effects.contains(&Effect::CreateRun));
+    // During the backoff: still Degraded, nothing created, no new event.
+    let d = w.step();
+    assert!(d.effects.is_empty() && d.notes.is_empty());
+    assert_eq!(condition(&d, "Degraded").1, "PodRejected");
+    assert!(d.status.message.unwrap().contains("violates PodSecurity"));
+    // After it: created again (the reconciler forgets the refusal when it tries).
+    w.advance(Duration::from_millis(1100));
+    w.rejected = None;
+    let d = w.step();
+    assert_eq!(d.effects, vec![Effect::CreateRun]);
+    // Refused again: the wait doubles.
+    w.pods.clear();
+    w.rejected = Some(refused_by_pod_security(&w));
+    let d = w.step();
+    assert_eq!(d.status.run.as_ref().unwrap().refusals, 2);
+    assert!(d.status.message.unwrap().contains("again in 2.0s"));
+    // Accepted at last: the job runs, no restart was ever counted.
+    w.advance(Duration::from_secs(3));
+    w.rejected = None;
+    w.step();
+    w.pods_run();
+    w.until(Phase::Running);
+    assert_eq!(w.job.status.as_ref().unwrap().restarts, 0);
+    assert_eq!(condition(&w.step(), "Degraded").0, "False");
+}
+
+#[test]
+fn a_spec_change_retries_a_refused_run_at_once() {
+    let mut w = World::new(JobBuilder::new("j").spec(|s| s.restart_backoff.initial = weir_api::pipeline::HumanDuration::from_millis(30_000)).build());
+    w.until(Phase::Deploying);
+    w.step();
+    w.pods.clear();
+    w.rejected = Some(refused_by_pod_security(&w));
+    w.step();
+    w.rejected = None;
+    assert!(!w.step().effects.contains(&Effect::CreateRun), "waiting 30 s");
+    // The user fixes the pod template.
+    w.job.spec.pod_labels.insert("fixed".into(), "yes".into());
+    w.job.metadata.generation = Some(2);
+    let d = w.step();
+    assert_eq!(d.effects, vec![Effect::CreateRun], "no wait for the backoff");
+    assert_eq!(d.status.run.unwrap().spec_hash, crate::spec_hash::spec_hash(&w.job.spec, Some("weir")), "the run takes the new spec");
+    assert_eq!(w.phase(), Some(Phase::Deploying));
+}
+
+#[test]
+fn pods_created_before_one_was_refused_are_removed_before_the_next_try() {
+    let mut w = World::new(JobBuilder::new("j").build());
+    w.until(Phase::Deploying);
+    w.step();
+    // A quota let worker 0 in and refused worker 1.
+    w.pods.truncate(1);
+    let admitted = w.pods.clone();
+    w.rejected = Some(Rejection { run_id: w.run_id(), reason: "PodRejected".into(), message: format!("{} j-1-1 (403 Forbidden): exceeded quota", super::REFUSED_POD) });
+    let d = w.step();
+    assert_eq!(d.effects, vec![Effect::DeleteAllPods], "the pod that got in holds the quota");
+    w.rejected = None;
+    w.advance(Duration::from_secs(2));
+    // Still terminating: no new pods until it is gone.
+    w.pods = admitted;
+    let d = w.step();
+    assert_eq!(d.effects, vec![Effect::DeleteAllPods]);
+    w.pods.clear();
+    let d = w.step();
+    assert_eq!(d.effects, vec![Effect::CreateRun]);
+}
+
+#[test]
+fn a_refused_recovery_is_not_counted_as_another_failure() {
+    let mut w = World::running(JobBuilder::new("j").build());
+    w.pods[1] = exited(w.pods[1].clone(), 137);
+    w.step();
+    assert_eq!(w.phase(), Some(Phase::Recovering));
+    w.step(); // old pods go
+    w.advance(Duration::from_secs(2));
+    let d = w.step();
+    assert_eq!(d.effects, vec![Effect::CreateRun]);
+    w.pods.clear();
+    w.rejected = Some(refused_by_pod_security(&w));
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Recovering));
+    assert_eq!(d.status.restarts, 1, "the one failure, no second one for the refusal");
+    assert!(d.status.message.unwrap().starts_with("recovering: the API server refused worker pod"));
+}
+
+#[test]
+fn waiting_out_a_backoff_leaves_the_status_as_it_is() {
+    // Every status write triggers the next reconcile (the watch): a status
+    // that changed with the clock would be written over and over.
+    let mut w = World::running(JobBuilder::new("j").spec(|s| s.restart_backoff.initial = weir_api::pipeline::HumanDuration::from_millis(10_000)).build());
+    w.pods[1] = exited(w.pods[1].clone(), 137);
+    w.step();
+    w.step(); // old pods go
+    let waiting = w.step().status;
+    assert!(waiting.message.as_deref().unwrap().contains("backoff"), "{:?}", waiting.message);
+    w.advance(Duration::from_millis(300));
+    assert_eq!(w.step().status, waiting, "a restart backoff");
+    // A refused run waits the same way.
+    w.advance(Duration::from_secs(11));
+    assert_eq!(w.step().effects, vec![Effect::CreateRun]);
+    w.pods.clear();
+    w.rejected = Some(refused_by_pod_security(&w));
+    w.step();
+    w.rejected = None;
+    let waiting = w.step().status;
+    w.advance(Duration::from_millis(300));
+    assert_eq!(w.step().status, waiting, "a refusal's backoff");
 }

@@ -23,9 +23,7 @@ impl State for Upgrading {
             return await_savepoint(cx, st);
         }
         match advance(cx, st) {
-            Progress::Waiting { effects, message, requeue } => {
-                Step::stay::<Upgrading>().effects(effects).message(format!("upgrading: {message}")).requeue(requeue)
-            }
+            Progress::Waiting(w) => w.step::<Upgrading>("upgrading: "),
             Progress::Running => {
                 let from = restored_from(cx);
                 Step::to::<Upgrading, Running>()

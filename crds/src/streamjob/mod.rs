@@ -7,6 +7,7 @@
 //! `crds/streamjob.yaml` is generated from these types by `crdgen`; a test
 //! fails when it is out of date.
 
+mod k8s_schema;
 mod spec;
 mod status;
 mod validation;
@@ -14,8 +15,10 @@ mod validation;
 use kube::CustomResourceExt;
 
 pub use spec::{
-    CheckpointSettings, JobState, RestartBackoff, StreamJob, StreamJobSpec, UpgradeMode,
-    MAX_PARALLELISM_LIMIT, STORAGE_URI_MESSAGE, STORAGE_URI_RULE,
+    check_job_name, CheckpointSettings, JobState, RestartBackoff, StreamJob, StreamJobSpec,
+    UpgradeMode, DEFAULT_CPU_REQUEST, DEFAULT_MEMORY_LIMIT, DEFAULT_MEMORY_REQUEST,
+    MAX_NAME_LENGTH, MAX_PARALLELISM_LIMIT, NAME_LENGTH_MESSAGE, NAME_LENGTH_RULE,
+    NAME_SYNTAX_MESSAGE, NAME_SYNTAX_RULE, STORAGE_URI_MESSAGE, STORAGE_URI_RULE,
 };
 pub use status::{
     condition_types, CheckpointRef, Failure, PendingSavepoint, Phase, RunStatus, SavepointReason,

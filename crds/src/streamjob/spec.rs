@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, EnvFromSource, EnvVar, ResourceRequirements, Toleration,
+    Affinity, EnvFromSource, EnvVar, PodTemplateSpec, ResourceRequirements, Toleration,
 };
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
@@ -19,6 +19,44 @@ use crate::pipeline::{CheckpointMode, Guarantee, HumanDuration, DEFAULT_MAX_PARA
 
 /// The largest `maxParallelism` the runtime accepts (the pipeline format's own bound).
 pub const MAX_PARALLELISM_LIMIT: i32 = 32768;
+
+/// The longest StreamJob name: the operator names the job's headless Service
+/// `<name>-workers`, and a Service name is a DNS-1035 label of at most 63
+/// characters. Every other derived name is longer-lived in a roomier format
+/// (`<name>-pipeline`, `<name>-control-token`, pods `<name>-<run>-<index>`:
+/// DNS subdomains of up to 253), and the name is also a label value (63).
+pub const MAX_NAME_LENGTH: usize = 63 - "-workers".len();
+
+/// The CEL rules on `metadata.name` (root of the CRD schema).
+pub const NAME_LENGTH_RULE: &str = "size(self.metadata.name) <= 55";
+pub const NAME_LENGTH_MESSAGE: &str = "metadata.name must be at most 55 characters: the operator names the job's Service <name>-workers (at most 63) and labels its pods weir.dev/job=<name>";
+pub const NAME_SYNTAX_RULE: &str = "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')";
+pub const NAME_SYNTAX_MESSAGE: &str = "metadata.name must consist of lowercase letters, digits and '-', start with a letter and end with a letter or digit (a DNS-1035 label): it names the job's Service <name>-workers";
+
+/// The same checks as the CEL rules on `metadata.name`, for the controller
+/// (a StreamJob created before the CRD had them, or by a test).
+pub fn check_job_name(name: &str) -> Result<(), String> {
+    if name.len() > MAX_NAME_LENGTH {
+        return Err(format!("{NAME_LENGTH_MESSAGE}; {name:?} has {}", name.len()));
+    }
+    let bytes = name.as_bytes();
+    let syntax = bytes.first().is_some_and(u8::is_ascii_lowercase)
+        && bytes.last().is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        && bytes.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-');
+    if !syntax {
+        return Err(format!("{NAME_SYNTAX_MESSAGE}; got {name:?}"));
+    }
+    Ok(())
+}
+
+/// The worker container's resources when neither `spec.resources` nor the pod
+/// template's `worker` container sets any: small requests, so that a job of a
+/// few workers fits a small cluster, and a memory limit, so that a runaway
+/// worker is killed and restored instead of starving its node. (Pods without
+/// requests are BestEffort, the first to be evicted under pressure.)
+pub const DEFAULT_CPU_REQUEST: &str = "100m";
+pub const DEFAULT_MEMORY_REQUEST: &str = "256Mi";
+pub const DEFAULT_MEMORY_LIMIT: &str = "1Gi";
 
 // clippy reads the repeated `type_` of the printcolumn(...) groups as duplicated attributes.
 #[allow(clippy::duplicated_attributes)]
@@ -71,6 +109,10 @@ pub const MAX_PARALLELISM_LIMIT: i32 = 32768;
         json_path = ".metadata.creationTimestamp"
     )
 )]
+// On the root, where CEL sees metadata.name. No fieldPath: the API server
+// accepts only paths into the schema, which does not describe metadata.
+#[kube(validation = Rule::new(NAME_LENGTH_RULE).message(NAME_LENGTH_MESSAGE))]
+#[kube(validation = Rule::new(NAME_SYNTAX_RULE).message(NAME_SYNTAX_MESSAGE))]
 #[x_kube(validation = Rule::new("self.parallelism <= self.maxParallelism")
     .message("parallelism must be at most maxParallelism (the number of key groups)")
     .field_path(".parallelism"))]
@@ -93,9 +135,13 @@ pub struct StreamJobSpec {
     /// Its parallelism and checkpoint settings come from this spec.
     pub pipeline: PipelineDocument,
 
-    /// Container image of the weir worker.
+    /// Container image of the weir worker. Default: the image the operator was
+    /// installed with (the chart's workerImage, `--default-worker-image`), or the
+    /// image of the pod template's `worker` container. A job with none of the three
+    /// is not started; its status says so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1))]
-    pub image: String,
+    pub image: Option<String>,
 
     /// Subtasks per step; between 1 and maxParallelism. A change rescales the job from its state.
     #[serde(default = "default_parallelism")]
@@ -112,38 +158,90 @@ pub struct StreamJobSpec {
         .message("maxParallelism is immutable: it fixes how state is split into key groups; create a new StreamJob (restored from a savepoint) to change it"))]
     pub max_parallelism: i32,
 
-    /// CPU and memory of each worker container.
+    /// CPU and memory of each worker container (core/v1 ResourceRequirements).
+    /// Wins over the pod template's `worker` container resources. When neither
+    /// sets any: requests cpu 100m and memory 256Mi, limit memory 1Gi.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "super::k8s_schema::without_docs::<ResourceRequirements>")]
     pub resources: Option<ResourceRequirements>,
 
-    /// ServiceAccount the worker pods run as.
+    /// ServiceAccount the worker pods run as (wins over the pod template's;
+    /// default: the operator's --worker-service-account, else the namespace's default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account_name: Option<String>,
 
-    /// Extra environment variables of the worker container.
+    /// Extra environment variables of the worker container (core/v1 EnvVar); on the
+    /// same name they win over the pod template's. POD_IP, WEIR_CONTROL_TOKEN and
+    /// WEIR_RUN_ID are the operator's and cannot be set.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "super::k8s_schema::list_without_docs::<EnvVar>")]
     pub env: Vec<EnvVar>,
 
-    /// Environment from ConfigMaps and Secrets.
+    /// Environment of the worker container from ConfigMaps and Secrets (core/v1
+    /// EnvFromSource), after the pod template's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "super::k8s_schema::list_without_docs::<EnvFromSource>")]
     pub env_from: Vec<EnvFromSource>,
 
+    /// Node labels the worker pods need; on the same key they win over the pod template's.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
 
+    /// Tolerations of the worker pods (core/v1 Toleration), added to the pod template's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "super::k8s_schema::list_without_docs::<Toleration>")]
     pub tolerations: Vec<Toleration>,
 
+    /// Affinity of the worker pods (core/v1 Affinity); replaces the pod template's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "super::k8s_schema::without_docs::<Affinity>")]
     pub affinity: Option<Affinity>,
 
-    /// Labels added to the worker pods (the operator's own labels win on conflict).
+    /// Labels added to the worker pods; on the same key they win over the pod
+    /// template's, and the operator's own labels win over both.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub pod_labels: BTreeMap<String, String>,
 
-    /// Annotations added to the worker pods.
+    /// Annotations added to the worker pods; on the same key they win over the pod template's.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub pod_annotations: BTreeMap<String, String>,
+
+    /// A core/v1 PodTemplateSpec merged over the operator's worker pod, as in the
+    /// Flink operator: labels and annotations; the pod's nodeSelector, tolerations,
+    /// affinity, topologySpreadConstraints, priorityClassName, imagePullSecrets,
+    /// securityContext, volumes, initContainers, and containers. The container named
+    /// `worker` is merged into the worker container (its securityContext, env,
+    /// envFrom, volumeMounts, resources, image, probes other than readiness); any other
+    /// container is added as a sidecar, as written.
+    ///
+    /// The operator's part wins: the worker's command (the image's entrypoint) and
+    /// args, its ports (6120 control, 6121 data, 6122 coordinator) and readiness
+    /// probe, the env POD_IP, WEIR_CONTROL_TOKEN and WEIR_RUN_ID, the volumes
+    /// weir-pipeline and weir-tmp and the mount /etc/weir, the labels weir.dev/job,
+    /// weir.dev/run, weir.dev/worker and app.kubernetes.io/{name,instance,managed-by},
+    /// the pod's name, namespace, owner, and restartPolicy Never. The explicit spec
+    /// fields above (image, resources, env, envFrom, nodeSelector, tolerations,
+    /// affinity, podLabels, podAnnotations, serviceAccountName) win over the template.
+    ///
+    /// Security: without a template the pod meets the restricted Pod Security
+    /// Standard (non-root UID/GID/fsGroup 65532, seccomp RuntimeDefault, read-only root
+    /// filesystem, no privilege escalation, all capabilities dropped, an emptyDir at
+    /// /tmp). A template's securityContext fields replace those defaults one by one;
+    /// containers you add must meet the namespace's Pod Security level themselves.
+    ///
+    /// Storage: with `file://` (or plain path) checkpoint storage, or a file sink,
+    /// every worker must see the same files, also after a pod moves to another node:
+    /// the storage directory and the sink's directory (relative sink paths resolve
+    /// under /var/lib/weir/jobs/<namespace>/<name>) must be on a volume mounted into
+    /// the `worker` container that outlives the pod (a persistentVolumeClaim, usually
+    /// ReadWriteMany; nfs, csi, hostPath and other non-ephemeral volumes count;
+    /// emptyDir, ephemeral, configMap, secret, downwardAPI and projected do not). One
+    /// PVC mounted at /var/lib/weir covers the storage file:///var/lib/weir/checkpoints
+    /// and every relative sink path. A job without such a volume is not started; its
+    /// status says what to add.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "super::k8s_schema::pod_template")]
+    pub pod_template: Option<PodTemplateSpec>,
 
     /// Where and how often checkpoints are taken.
     pub checkpoint: CheckpointSettings,
@@ -217,6 +315,10 @@ pub struct CheckpointSettings {
     #[serde(default = "default_checkpoint_timeout")]
     pub timeout: HumanDuration,
     /// Where checkpoints and savepoints are written: file:///path, s3://bucket/prefix or /path.
+    /// Each job writes under <storage>/<namespace>/<name>. A file:// or plain path must be
+    /// on a volume every worker mounts and that outlives a pod (a PersistentVolumeClaim in
+    /// spec.podTemplate, e.g. mounted at /var/lib/weir for file:///var/lib/weir/checkpoints);
+    /// a job without one is not started, and its status says what to add.
     #[schemars(length(min = 1, max = 1024))]
     #[x_kube(validation = Rule::new(STORAGE_URI_RULE).message(STORAGE_URI_MESSAGE))]
     pub storage: String,

@@ -185,6 +185,19 @@ pub struct RunStatus {
     pub not_before: Option<Time>,
     /// When the controller decided on this run.
     pub started_at: Time,
+    /// Times in a row the API server refused to create the run's objects
+    /// (Pod Security admission, a quota, a webhook, an invalid pod template).
+    /// Each refusal is reported, and the objects are created again after
+    /// spec.restartBackoff, or at once when the spec changes.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub refusals: i32,
+    /// What the API server said the last time it refused the run's objects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_refusal: Option<String>,
+}
+
+fn is_zero(n: &i32) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]

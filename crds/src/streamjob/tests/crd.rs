@@ -128,3 +128,46 @@ fn the_crd_schema_declares_the_validation_rules() {
     );
     assert!(spec["properties"]["savepointTimeout"]["pattern"].is_string());
 }
+
+#[test]
+fn the_crd_fits_kubectls_client_side_apply_annotation() {
+    // `kubectl apply` without --server-side keeps the whole object, as
+    // compact JSON, in the last-applied-configuration annotation, and the
+    // API server refuses annotations over 256 KiB in total. The embedded
+    // Kubernetes types' own documentation would break that (see k8s_schema).
+    let json = serde_json::to_string(&crd_value()).unwrap();
+    assert!(json.len() < 200 * 1024, "the CRD is {} bytes as JSON", json.len());
+}
+
+#[test]
+fn the_pod_template_schema_is_a_pod_template_trimmed_to_fit() {
+    let spec = &openapi_schema()["properties"]["spec"]["properties"];
+    let template = &spec["podTemplate"];
+    assert!(template["description"].as_str().unwrap().contains("The operator's part wins"));
+    let metadata = template["properties"]["metadata"]["properties"].as_object().unwrap();
+    assert_eq!(metadata.keys().collect::<Vec<_>>(), ["annotations", "labels"]);
+    let pod = &template["properties"]["spec"];
+    assert!(pod.get("required").is_none(), "containers are optional in a template");
+    for field in ["containers", "initContainers", "volumes", "securityContext", "topologySpreadConstraints", "imagePullSecrets", "priorityClassName", "tolerations", "affinity"] {
+        assert!(pod["properties"][field].is_object(), "{field}");
+    }
+    assert!(pod["properties"]["ephemeralContainers"].is_null(), "refused on create anyway");
+    let container = &pod["properties"]["containers"]["items"];
+    assert_eq!(container["required"], json!(["name"]));
+    assert!(container["properties"]["description"].is_null() && container.get("description").is_none());
+    // Nested documentation is gone; the fields' own doc comments stay.
+    let quantity = &spec["resources"]["properties"]["limits"]["additionalProperties"];
+    assert_eq!(quantity, &json!({"x-kubernetes-int-or-string": true}));
+    assert!(spec["resources"]["description"].as_str().unwrap().contains("requests cpu 100m and memory 256Mi, limit memory 1Gi"));
+}
+
+#[test]
+fn the_rules_on_the_root_name_no_field_path() {
+    // The API server accepts a rule's fieldPath only into the schema, and the
+    // schema does not describe metadata: ".metadata.name" makes the whole
+    // CRD invalid ("must be a valid path").
+    let root = &openapi_schema()["x-kubernetes-validations"];
+    let rules: Vec<&str> = root.as_array().expect("root rules").iter().filter_map(|r| r["rule"].as_str()).collect();
+    assert_eq!(rules, [NAME_LENGTH_RULE, NAME_SYNTAX_RULE]);
+    assert!(root.as_array().unwrap().iter().all(|r| r.get("fieldPath").is_none()));
+}

@@ -111,6 +111,25 @@ fn cel_refuses_deployment_settings_written_twice_differently() {
     );
 }
 
+#[test]
+fn cel_refuses_a_job_name_that_cannot_name_its_service() {
+    let named = |name: &str| with(minimal(), "/metadata/name", json!(name));
+    cel_refuses(&named(&"a".repeat(56)), None, "metadata.name must be at most 55 characters");
+    for bad in ["2jobs", "my.job"] {
+        cel_refuses(&named(bad), None, "metadata.name must consist of lowercase letters, digits and '-'");
+    }
+    assert_eq!(cel(&named(&"a".repeat(55)), None), Ok(()));
+}
+
+#[test]
+fn the_schema_accepts_a_pod_template_without_containers_and_checks_the_ones_given() {
+    let only_pod = with(minimal(), "/spec/podTemplate", json!({"spec": {"nodeSelector": {"disk": "ssd"}}}));
+    assert_eq!(openapi_violations(&only_pod), Vec::<String>::new());
+    let nameless = with(minimal(), "/spec/podTemplate", json!({"spec": {"containers": [{"image": "x"}]}}));
+    let v = openapi_violations(&nameless);
+    assert!(v.contains(&"spec.podTemplate.spec.containers[0].name: Required value".to_string()), "{v:?}");
+}
+
 /// The OpenAPI keywords the API server checks before CEL (enum, pattern,
 /// bounds, required), which kube-cel does not evaluate. A small subset
 /// checker, enough for the keywords this schema uses.
@@ -247,16 +266,19 @@ fn the_schema_refuses_malformed_durations() {
 }
 
 #[test]
-fn the_schema_refuses_parallelism_zero_and_requires_image_and_storage() {
+fn the_schema_refuses_parallelism_zero_and_an_empty_image_and_requires_storage() {
     let v = openapi_violations(&with(minimal(), "/spec/parallelism", json!(0)));
     assert!(
         v.iter()
             .any(|e| e.starts_with("spec.parallelism: Invalid value")),
         "{v:?}"
     );
+    // No image is fine (the operator's default); an empty one is not.
     let mut no_image = minimal();
     no_image["spec"].as_object_mut().unwrap().remove("image");
-    assert!(openapi_violations(&no_image).contains(&"spec.image: Required value".to_string()));
+    assert_eq!(openapi_violations(&no_image), Vec::<String>::new());
+    let v = openapi_violations(&with(minimal(), "/spec/image", json!("")));
+    assert!(v.iter().any(|e| e.starts_with("spec.image: Invalid value")), "{v:?}");
     let no_storage = with(minimal(), "/spec/checkpoint", json!({}));
     assert!(openapi_violations(&no_storage)
         .contains(&"spec.checkpoint.storage: Required value".to_string()));

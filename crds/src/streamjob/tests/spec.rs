@@ -11,7 +11,14 @@ use crate::pipeline::{CheckpointMode, Guarantee, PipelineError, PipelineSpec, St
 fn the_example_manifest_parses_with_the_fields_as_written() {
     let job = parse(&example_json());
     assert_eq!(job.metadata.name.as_deref(), Some("exactly-once"));
-    assert_eq!(job.spec.image, "weir");
+    assert_eq!(job.spec.image, None, "the operator's default worker image");
+    // One claim at /var/lib/weir, mounted into the worker container.
+    let template = job.spec.pod_template.as_ref().expect("a pod template");
+    let pod = template.spec.as_ref().unwrap();
+    let claim = pod.volumes.as_ref().unwrap()[0].persistent_volume_claim.as_ref().unwrap();
+    assert_eq!(claim.claim_name, "weir-data");
+    assert_eq!(pod.containers[0].name, "worker");
+    assert_eq!(pod.containers[0].volume_mounts.as_ref().unwrap()[0].mount_path, "/var/lib/weir");
     assert_eq!(job.spec.parallelism, 2);
     assert_eq!(job.spec.checkpoint.interval.get().as_millis(), 500);
     assert_eq!(
@@ -290,4 +297,30 @@ fn savepoint_history_keeps_only_the_newest_entries() {
         status.last_savepoint.as_ref().map(|s| s.id),
         Some(SAVEPOINT_HISTORY_LIMIT as i64 + 4)
     );
+}
+
+#[test]
+fn a_job_name_must_fit_the_jobs_service_name_and_a_label_value() {
+    assert_eq!(MAX_NAME_LENGTH, 55);
+    assert_eq!(NAME_LENGTH_RULE, format!("size(self.metadata.name) <= {MAX_NAME_LENGTH}"));
+    for good in ["a", "exactly-once", "job2", &"a".repeat(55)] {
+        assert_eq!(check_job_name(good), Ok(()), "{good}");
+    }
+    for bad in [&"a".repeat(56), "2jobs", "my.job", "Job", "job-", "", "jöb"] {
+        assert!(check_job_name(bad).unwrap_err().starts_with("metadata.name must"), "{bad:?}");
+    }
+}
+
+#[test]
+fn a_pod_template_with_only_pod_fields_parses_and_keeps_them() {
+    let job = parse(&with(
+        minimal(),
+        "/spec/podTemplate",
+        json!({"metadata": {"labels": {"team": "data"}}, "spec": {"nodeSelector": {"disk": "ssd"}, "priorityClassName": "streaming"}}),
+    ));
+    let t = job.spec.pod_template.unwrap();
+    assert_eq!(t.metadata.unwrap().labels.unwrap()["team"], "data");
+    let spec = t.spec.unwrap();
+    assert!(spec.containers.is_empty());
+    assert_eq!(spec.priority_class_name.as_deref(), Some("streaming"));
 }
