@@ -22,24 +22,23 @@ RUN cargo build --release --locked --workspace --bin weir --bin weir-controller 
  && objcopy --strip-all target/release/weir /out/weir \
  && objcopy --strip-all target/release/weir-controller /out/weir-controller
 
-FROM gcr.io/distroless/cc-debian12:nonroot AS weir
+# What both images share: the base, the user, the working directory, the
+# labels that do not depend on the binary.
+FROM gcr.io/distroless/cc-debian12:nonroot AS base
 ARG VERSION
-COPY --from=build /out/weir /usr/local/bin/weir
 USER 65532:65532
 WORKDIR /home/nonroot
-ENTRYPOINT ["/usr/local/bin/weir"]
-LABEL org.opencontainers.image.title="weir runtime" \
-      org.opencontainers.image.description="The weir streaming runtime: runs a StreamJob's workers (weir worker) or a whole job locally (weir run)." \
-      org.opencontainers.image.version="${VERSION}" \
+LABEL org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0"
 
-FROM gcr.io/distroless/cc-debian12:nonroot AS weir-controller
-ARG VERSION
+FROM base AS weir
+COPY --from=build /out/weir /usr/local/bin/weir
+ENTRYPOINT ["/usr/local/bin/weir"]
+LABEL org.opencontainers.image.title="weir runtime" \
+      org.opencontainers.image.description="The weir streaming runtime: runs a StreamJob's workers (weir worker) or a whole job locally (weir run)."
+
+FROM base AS weir-controller
 COPY --from=build /out/weir-controller /usr/local/bin/weir-controller
-USER 65532:65532
-WORKDIR /home/nonroot
 ENTRYPOINT ["/usr/local/bin/weir-controller"]
 LABEL org.opencontainers.image.title="weir operator" \
-      org.opencontainers.image.description="The weir Kubernetes operator: reconciles StreamJobs into worker pods, savepoints before upgrades, restores after failures." \
-      org.opencontainers.image.version="${VERSION}" \
-      org.opencontainers.image.licenses="Apache-2.0"
+      org.opencontainers.image.description="The weir Kubernetes operator: reconciles StreamJobs into worker pods, savepoints before upgrades, restores after failures."
