@@ -23,6 +23,24 @@ use weir_runtime::{plan, Error};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    s3: S3Args,
+}
+
+/// Where `s3://` locations are. Credentials are never flags: they come from
+/// the environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a web
+/// identity token file and role for IRSA-style roles).
+#[derive(clap::Args)]
+struct S3Args {
+    /// The S3-compatible server of s3:// locations, e.g. http://127.0.0.1:9000 for MinIO [default: AWS S3].
+    #[arg(long, global = true, env = "WEIR_S3_ENDPOINT", value_name = "URL")]
+    s3_endpoint: Option<String>,
+    /// The region requests to s3:// locations are signed for [default: AWS_REGION, then us-east-1].
+    #[arg(long, global = true, env = "WEIR_S3_REGION", value_name = "REGION")]
+    s3_region: Option<String>,
+    /// Path-style requests (http://host/bucket/key), as MinIO expects; false for virtual-hosted style (http://bucket.host/key).
+    #[arg(long, global = true, env = "WEIR_S3_PATH_STYLE", value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    s3_path_style: bool,
 }
 
 #[derive(Subcommand)]
@@ -33,7 +51,7 @@ a record a step fails on), reported by the first attempt; 1 anything else (e.g. 
     Run {
         /// The pipeline file (YAML).
         pipeline: PathBuf,
-        /// Where checkpoints and savepoints are kept (a directory or a file:// URL).
+        /// Where checkpoints and savepoints are kept: a directory, a file:// URL or s3://BUCKET/PREFIX (see --s3-endpoint).
         #[arg(long, default_value = "weir-state")]
         state_dir: String,
         /// Resume from `latest` (the latest completed checkpoint; fresh if none) or from a checkpoint or savepoint directory.
@@ -172,6 +190,15 @@ fn init_tracing(json: bool) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let s3 = weir_runtime::checkpoint::s3::S3Settings {
+        endpoint: cli.s3.s3_endpoint.clone(),
+        region: cli.s3.s3_region.clone(),
+        path_style: cli.s3.s3_path_style,
+    };
+    if let Err(e) = weir_runtime::checkpoint::s3::configure(s3) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {

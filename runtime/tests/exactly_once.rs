@@ -9,40 +9,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use rand::Rng;
 
-/// Kills a random worker of the current run `kills` times, at random moments;
-/// every other kill waits for a checkpoint to be in progress first.
-fn kill_workers_while_running(job: &Job, child: &mut std::process::Child, kills: usize) -> usize {
-    let mut rng = rand::rng();
-    let mut done = 0;
-    let mut last_run = String::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while done < kills && Instant::now() < deadline {
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(rng.random_range(150..600)));
-        let Some((pids, run)) = job.worker_pids() else { continue };
-        if run == last_run || pids.is_empty() {
-            continue; // wait for the restarted run
-        }
-        if done % 2 == 1 {
-            // Aim at a checkpoint in flight: status says so through the control API.
-            let until = Instant::now() + Duration::from_secs(2);
-            while Instant::now() < until {
-                let out = std::process::Command::new(WEIR).current_dir(job.dir.path()).args(["status", "--state-dir", "state"]).output().unwrap();
-                if String::from_utf8_lossy(&out.stdout).contains("\"checkpoint_in_progress\": ") && !String::from_utf8_lossy(&out.stdout).contains("\"checkpoint_in_progress\": null") {
-                    break;
-                }
-            }
-        }
-        let victim = pids[rng.random_range(0..pids.len())];
-        kill(victim);
-        last_run = run;
-        done += 1;
-    }
-    done
-}
-
 fn worker_kills_keep_exactly_once(parallelism: u32) {
     let job = Job::counting(parallelism, 120_000, 97, 30_000, "150ms");
     let mut child = job.spawn(&[]);
@@ -134,13 +100,13 @@ fn a_savepoint_of_a_running_job_is_listed_and_restorable() {
     let path = loop {
         assert!(start.elapsed() < Duration::from_secs(30), "no savepoint could be taken");
         std::thread::sleep(Duration::from_millis(300));
-        let out = std::process::Command::new(WEIR).current_dir(job.dir.path()).args(["savepoint", "--state-dir", "state"]).output().unwrap();
+        let out = job.weir(&["savepoint", "--state-dir", &job.state]).output().unwrap();
         if out.status.success() {
             break String::from_utf8_lossy(&out.stdout).trim().to_string();
         }
     };
     assert!(std::path::Path::new(&path).join("_metadata").exists(), "{path}");
-    let list = std::process::Command::new(WEIR).current_dir(job.dir.path()).args(["checkpoints", "list", "--state-dir", "state"]).output().unwrap();
+    let list = job.weir(&["checkpoints", "list", "--state-dir", &job.state]).output().unwrap();
     let table = String::from_utf8_lossy(&list.stdout);
     assert!(table.lines().any(|l| l.contains("savepoint") && l.contains("complete") && l.contains(&path)), "{table}");
     kill_group(child.id());

@@ -251,11 +251,43 @@ fn worker_env(job: &StreamJob, run: &RunStatus, template: Vec<EnvVar>) -> Vec<En
         },
         EnvVar { name: "WEIR_RUN_ID".into(), value: Some(run.id.clone()), ..Default::default() },
     ];
+    env.extend(s3_env(job).into_iter().filter(|e| !user.iter().any(|u| u.name == e.name)));
     // JSON logs unless the user says otherwise.
     if !user.iter().any(|e| e.name == "WEIR_LOG_JSON") {
         env.push(EnvVar { name: "WEIR_LOG_JSON".into(), value: Some("1".into()), ..Default::default() });
     }
     env.extend(user);
+    env
+}
+
+/// Where `s3://` storage is (WEIR_S3_*) and the credentials from the Secret
+/// the job names (AWS_*, by reference: the operator never reads the Secret).
+/// Only for `s3://` storage; variables the user sets come after and win.
+fn s3_env(job: &StreamJob) -> Vec<EnvVar> {
+    let Some(s3) = job.spec.checkpoint.s3.as_ref().filter(|_| job.spec.checkpoint.storage.starts_with("s3://")) else {
+        return Vec::new();
+    };
+    let value = |name: &str, v: String| EnvVar { name: name.into(), value: Some(v), ..Default::default() };
+    let mut env = Vec::new();
+    if let Some(e) = &s3.endpoint {
+        env.push(value("WEIR_S3_ENDPOINT", e.clone()));
+    }
+    if let Some(r) = &s3.region {
+        env.push(value("WEIR_S3_REGION", r.clone()));
+    }
+    env.push(value("WEIR_S3_PATH_STYLE", s3.path_style.to_string()));
+    if let Some(secret) = &s3.credentials_secret {
+        for key in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"] {
+            env.push(EnvVar {
+                name: key.into(),
+                value_from: Some(EnvVarSource {
+                    secret_key_ref: Some(SecretKeySelector { name: secret.clone(), key: key.into(), optional: Some(false) }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+        }
+    }
     env
 }
 

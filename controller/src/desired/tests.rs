@@ -1,3 +1,4 @@
+use k8s_openapi::api::core::v1::EnvVar;
 use weir_api::streamjob::RunStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -349,4 +350,45 @@ fn the_network_policy_admits_the_operator_to_the_control_port_and_only_the_jobs_
              "ports": [{"port": 6121, "protocol": "TCP"}, {"port": 6122, "protocol": "TCP"}]},
         ])
     );
+}
+
+#[test]
+fn s3_storage_reaches_the_workers_as_settings_and_secret_references_never_as_values() {
+    let job = JobBuilder::new("wc")
+        .spec(|s| {
+            s.checkpoint.storage = "s3://bucket/prefix".into();
+            s.checkpoint.s3 = Some(weir_api::streamjob::S3Storage {
+                endpoint: Some("http://minio.storage.svc:9000".into()),
+                region: Some("eu-west-1".into()),
+                path_style: true,
+                credentials_secret: Some("minio-credentials".into()),
+            });
+            s.env.push(EnvVar { name: "WEIR_S3_REGION".into(), value: Some("local".into()), ..Default::default() });
+        })
+        .build();
+    let pod = worker_pod(&job, &run(None), 0, &settings()).unwrap();
+    let c = worker(&pod);
+    assert!(c.args.clone().unwrap().join(" ").contains("--state-dir s3://bucket/prefix/jobs/wc"));
+    assert_eq!(env_value(c, "WEIR_S3_ENDPOINT").as_deref(), Some("http://minio.storage.svc:9000"));
+    assert_eq!(env_value(c, "WEIR_S3_PATH_STYLE").as_deref(), Some("true"));
+    // The user's variable replaces the operator's, once.
+    let env = c.env.clone().unwrap();
+    let regions: Vec<_> = env.iter().filter(|e| e.name == "WEIR_S3_REGION").collect();
+    assert_eq!(regions.len(), 1);
+    assert_eq!(regions[0].value.as_deref(), Some("local"));
+    for key in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"] {
+        let e = env.iter().find(|e| e.name == key).unwrap_or_else(|| panic!("{key} missing"));
+        assert!(e.value.is_none(), "{key} carries a value");
+        let r = e.value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
+        assert_eq!((r.name.as_str(), r.key.as_str()), ("minio-credentials", key));
+    }
+}
+
+#[test]
+fn s3_settings_are_not_given_to_a_job_whose_storage_is_a_volume() {
+    let job = JobBuilder::new("wc")
+        .spec(|s| s.checkpoint.s3 = Some(weir_api::streamjob::S3Storage { endpoint: Some("http://m:9000".into()), ..Default::default() }))
+        .build();
+    let pod = worker_pod(&job, &run(None), 0, &settings()).unwrap();
+    assert_eq!(env_value(worker(&pod), "WEIR_S3_ENDPOINT"), None);
 }

@@ -326,7 +326,44 @@ pub struct CheckpointSettings {
     #[serde(default = "default_retain")]
     #[schemars(range(min = 1, max = 1000))]
     pub retain: i32,
+    /// Where the S3 server of `s3://` storage is and where credentials come from.
+    /// Unset: AWS S3, with credentials from the pod's environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3Storage>,
 }
+
+/// The S3 (or S3-compatible: MinIO, Ceph, R2) server of `s3://` checkpoint storage.
+/// Workers get these as WEIR_S3_* variables; credentials never leave the Secret
+/// except as the worker container's AWS_* variables.
+#[derive(KubeSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct S3Storage {
+    /// The server's URL, e.g. `http://minio.storage.svc:9000`. Unset: AWS S3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    #[x_kube(validation = Rule::new(S3_ENDPOINT_RULE).message(S3_ENDPOINT_MESSAGE))]
+    pub endpoint: Option<String>,
+    /// The region requests are signed for. Unset: AWS_REGION of the pod, then us-east-1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64), regex(pattern = r"^[A-Za-z0-9-]+$"))]
+    pub region: Option<String>,
+    /// Path-style requests (`http://host/bucket/key`, what MinIO expects); false for
+    /// virtual-hosted style (`http://bucket.host/key`).
+    #[serde(default = "default_true")]
+    pub path_style: bool,
+    /// A Secret in the job's namespace with the keys AWS_ACCESS_KEY_ID and
+    /// AWS_SECRET_ACCESS_KEY, given to the worker container as those variables. Unset:
+    /// credentials come from the pod's environment (a web identity token for
+    /// IRSA-style roles, or variables in spec.env / spec.podTemplate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub credentials_secret: Option<String>,
+}
+
+pub const S3_ENDPOINT_RULE: &str =
+    "self.matches('^https?://[^/?#]+/?$')";
+pub const S3_ENDPOINT_MESSAGE: &str =
+    "expected http://HOST[:PORT] or https://HOST[:PORT], without a path (the bucket belongs in storage: s3://bucket/prefix)";
 
 /// How a spec change reaches the running job.
 #[derive(

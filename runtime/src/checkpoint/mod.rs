@@ -3,6 +3,7 @@
 
 pub mod coordinator;
 pub mod metadata;
+pub mod s3;
 pub mod savepoints;
 pub mod storage;
 

@@ -167,6 +167,7 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
                 .arg(&base_dir)
                 .arg("--parallelism")
                 .arg(spec.parallelism.to_string())
+                .args(crate::checkpoint::s3::settings().to_args())
                 .env("WEIR_CONTROL_TOKEN", &token)
                 .stdin(Stdio::null())
                 .kill_on_drop(true);

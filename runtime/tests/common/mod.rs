@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod minio;
+
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -14,6 +16,14 @@ pub struct Job {
     pub dir: tempfile::TempDir,
     pub events: u64,
     pub keys: u64,
+    /// `--state-dir` of every command: `state` in the job's directory, or
+    /// an `s3://` location (see [`Job::on_s3`]).
+    pub state: String,
+    /// Variables every `weir` command of the job gets (the S3 server's
+    /// endpoint and credentials).
+    pub env: Vec<(String, String)>,
+    /// The S3 server of an `s3://` state, to read `run.json` from.
+    pub s3: Option<minio::Bucket>,
 }
 
 impl Job {
@@ -28,9 +38,23 @@ impl Job {
     /// A job of any pipeline named `eo-test` whose sink writes to `out/eo`
     /// (what `worker_pids` and `committed_lines` expect).
     pub fn with_pipeline(yaml: &str, events: u64, keys: u64) -> Job {
-        let job = Job { dir: tempfile::tempdir().unwrap(), events, keys };
+        let job = Job { dir: tempfile::tempdir().unwrap(), events, keys, state: "state".into(), env: Vec::new(), s3: None };
         job.write_pipeline(yaml);
         job
+    }
+
+    /// Keeps this job's checkpoints and savepoints in `bucket` (under a
+    /// prefix of its own) instead of on local disk.
+    pub fn on_s3(mut self, bucket: &minio::Bucket) -> Job {
+        self.state = bucket.url(&format!("state-{}", rand_suffix()));
+        self.env = bucket.env();
+        self.s3 = Some(bucket.clone());
+        self
+    }
+
+    /// `--state-dir STATE`, for any command that reads the job's state.
+    pub fn state_args(&self) -> [&str; 2] {
+        ["--state-dir", &self.state]
     }
 
     /// Replaces `pipeline.yaml`: what a user does to change a job between runs.
@@ -48,7 +72,7 @@ impl Job {
     /// Any `weir` subcommand, run in the job's directory.
     pub fn weir(&self, args: &[&str]) -> Command {
         let mut c = Command::new(WEIR);
-        c.current_dir(self.dir.path()).args(args).env("RUST_LOG", "warn");
+        c.current_dir(self.dir.path()).args(args).env("RUST_LOG", "warn").envs(self.env.iter().map(|(k, v)| (k, v)));
         c
     }
 
@@ -58,8 +82,8 @@ impl Job {
 
     pub fn command(&self, extra: &[&str]) -> Command {
         let mut c = Command::new(WEIR);
-        c.current_dir(self.dir.path()).arg("run").arg("pipeline.yaml").args(["--state-dir", "state"]).args(extra);
-        c.env("RUST_LOG", "warn");
+        c.current_dir(self.dir.path()).arg("run").arg("pipeline.yaml").args(["--state-dir", &self.state]).args(extra);
+        c.env("RUST_LOG", "warn").envs(self.env.iter().map(|(k, v)| (k, v)));
         c
     }
 
@@ -76,7 +100,10 @@ impl Job {
 
     /// The pids of the current run's workers, once they are up.
     pub fn worker_pids(&self) -> Option<(Vec<u32>, String)> {
-        let text = std::fs::read_to_string(self.path("state/eo-test/run.json")).ok()?;
+        let text = match &self.s3 {
+            Some(bucket) => bucket.get(&format!("{}/eo-test/run.json", bucket.key_of(&self.state)))?,
+            None => std::fs::read_to_string(self.path("state/eo-test/run.json")).ok()?,
+        };
         let v: serde_json::Value = serde_json::from_str(&text).ok()?;
         let pids = v["worker_pids"].as_array()?.iter().filter_map(|p| p.as_u64().map(|p| p as u32)).collect();
         Some((pids, v["run_id"].as_str()?.to_string()))
@@ -120,6 +147,46 @@ impl Job {
             assert_eq!(n, expected, "events of key {key}");
         }
     }
+}
+
+/// A short random suffix for names that must not collide between tests.
+pub fn rand_suffix() -> String {
+    format!("{:08x}", rand::random::<u32>())
+}
+
+/// Kills a random worker of the current run `kills` times, at random moments;
+/// every other kill waits for a checkpoint to be in progress first.
+pub fn kill_workers_while_running(job: &Job, child: &mut std::process::Child, kills: usize) -> usize {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    let mut done = 0;
+    let mut last_run = String::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while done < kills && Instant::now() < deadline {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(rng.random_range(150..600)));
+        let Some((pids, run)) = job.worker_pids() else { continue };
+        if run == last_run || pids.is_empty() {
+            continue; // wait for the restarted run
+        }
+        if done % 2 == 1 {
+            // Aim at a checkpoint in flight: status says so through the control API.
+            let until = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < until {
+                let out = job.weir(&["status", "--state-dir", &job.state]).output().unwrap();
+                if String::from_utf8_lossy(&out.stdout).contains("\"checkpoint_in_progress\": ") && !String::from_utf8_lossy(&out.stdout).contains("\"checkpoint_in_progress\": null") {
+                    break;
+                }
+            }
+        }
+        let victim = pids[rng.random_range(0..pids.len())];
+        kill(victim);
+        last_run = run;
+        done += 1;
+    }
+    done
 }
 
 pub fn kill(pid: u32) {

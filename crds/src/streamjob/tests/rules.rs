@@ -87,6 +87,18 @@ fn cel_refuses_storage_without_a_known_scheme() {
 }
 
 #[test]
+fn cel_refuses_an_s3_endpoint_that_is_not_a_server_url() {
+    for endpoint in ["minio:9000", "http://minio:9000/weir", "ftp://minio", "http://"] {
+        let bad = with(minimal(), "/spec/checkpoint/s3", json!({"endpoint": endpoint}));
+        cel_refuses(&bad, None, S3_ENDPOINT_MESSAGE);
+    }
+    for endpoint in ["http://10.250.0.1:9000", "https://s3.eu-west-1.amazonaws.com", "http://[::1]:9000/"] {
+        let good = with(minimal(), "/spec/checkpoint/s3", json!({"endpoint": endpoint, "credentialsSecret": "s3"}));
+        assert_eq!(cel(&good, None), Ok(()), "{endpoint}");
+    }
+}
+
+#[test]
 fn cel_refuses_deployment_settings_written_twice_differently() {
     cel_refuses(
         &with(minimal(), "/spec/pipeline/parallelism", json!(4)),

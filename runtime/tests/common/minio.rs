@@ -1,0 +1,209 @@
+//! A real S3 server for the storage tests: MinIO built from its Go module by
+//! `e2e/build-binaries minio`, started on a free loopback port with its data
+//! in a temporary directory, one per test, and stopped when the test's last
+//! handle to it is dropped. Tests talk to it with curl's SigV4 signing, as a
+//! user would with any S3 client; weir talks to it through object_store.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub const ACCESS_KEY: &str = "weir-test";
+pub const SECRET_KEY: &str = "weir-test-secret-9f3c";
+
+/// The MinIO binary: `$WEIR_MINIO`, else the newest under the build cache.
+fn binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("WEIR_MINIO") {
+        return p.into();
+    }
+    let cache = std::env::var_os("WEIR_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/weir"));
+    let mut found: Vec<PathBuf> = std::fs::read_dir(cache.join("k8s"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("minio-"))
+        .map(|e| e.path().join("bin/minio"))
+        .filter(|p| p.exists())
+        .collect();
+    found.sort();
+    found.pop().unwrap_or_else(|| {
+        panic!(
+            "no MinIO binary under {}/k8s/minio-*/bin: build it with `e2e/build-binaries minio` (scripts/test does), or set WEIR_MINIO",
+            cache.display()
+        )
+    })
+}
+
+struct Process {
+    child: Option<Child>,
+    port: u16,
+    data: tempfile::TempDir,
+}
+
+impl Process {
+    fn spawn(&mut self) {
+        let child = Command::new(binary())
+            .args(["server", "--quiet", "--address"])
+            .arg(format!("127.0.0.1:{}", self.port))
+            .arg(self.data.path())
+            .env("MINIO_ROOT_USER", ACCESS_KEY)
+            .env("MINIO_ROOT_PASSWORD", SECRET_KEY)
+            .env("MINIO_BROWSER", "off")
+            .env("MINIO_UPDATE", "off")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting minio");
+        self.child = Some(child);
+        let start = Instant::now();
+        loop {
+            let ready = Command::new("curl")
+                .args(["-sf", "-o", "/dev/null"])
+                .arg(format!("http://127.0.0.1:{}/minio/health/ready", self.port))
+                .status()
+                .is_ok_and(|s| s.success());
+            if ready {
+                return;
+            }
+            assert!(start.elapsed() < Duration::from_secs(60), "MinIO did not become ready on port {} within 60 s", self.port);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A running MinIO.
+#[derive(Clone)]
+pub struct Server {
+    process: Arc<Mutex<Process>>,
+    pub endpoint: String,
+}
+
+impl Server {
+    pub fn start() -> Server {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut process = Process { child: None, port, data: tempfile::tempdir().unwrap() };
+        process.spawn();
+        Server { process: Arc::new(Mutex::new(process)), endpoint: format!("http://127.0.0.1:{port}") }
+    }
+
+    /// Stops the server (SIGKILL: what a crash or a lost node looks like to clients).
+    pub fn stop(&self) {
+        self.process.lock().unwrap().stop();
+    }
+
+    /// Starts it again on the same port and data.
+    pub fn restart(&self) {
+        let mut p = self.process.lock().unwrap();
+        p.stop();
+        p.spawn();
+    }
+
+    /// Creates a bucket and returns it.
+    pub fn bucket(&self, name: &str) -> Bucket {
+        let out = curl(&self.endpoint, &["-X", "PUT"], &format!("/{name}"));
+        assert!(out.status.success(), "creating bucket {name}: {}", String::from_utf8_lossy(&out.stderr));
+        Bucket { server: self.clone(), name: name.into() }
+    }
+}
+
+/// A bucket of a running server.
+#[derive(Clone)]
+pub struct Bucket {
+    pub server: Server,
+    pub name: String,
+}
+
+impl Bucket {
+    /// `s3://bucket/key`.
+    pub fn url(&self, key: &str) -> String {
+        format!("s3://{}/{key}", self.name)
+    }
+
+    /// The key of an `s3://` URL of this bucket.
+    pub fn key_of<'a>(&self, url: &'a str) -> &'a str {
+        url.strip_prefix(&format!("s3://{}/", self.name)).expect("a URL of this bucket")
+    }
+
+    /// What `weir` needs to reach the server.
+    pub fn env(&self) -> Vec<(String, String)> {
+        [
+            ("WEIR_S3_ENDPOINT", self.server.endpoint.as_str()),
+            ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+            ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+            ("AWS_REGION", "us-east-1"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+    }
+
+    /// The object at `key`, if there is one.
+    pub fn get(&self, key: &str) -> Option<String> {
+        let out = curl(&self.server.endpoint, &["-f"], &format!("/{}/{key}", self.name));
+        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).to_string())
+    }
+
+    /// The keys under `prefix`, sorted.
+    pub fn list(&self, prefix: &str) -> Vec<String> {
+        let mut keys = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            // Query values percent-encoded, as SigV4's canonical request has them.
+            let mut query = format!("/{}?list-type=2&prefix={}", self.name, prefix.replace('/', "%2F"));
+            if let Some(t) = &token {
+                query.push_str(&format!("&continuation-token={}", t.replace('+', "%2B").replace('/', "%2F").replace('=', "%3D")));
+            }
+            let out = curl(&self.server.endpoint, &["-f"], &query);
+            assert!(out.status.success(), "listing {prefix}: {}", String::from_utf8_lossy(&out.stderr));
+            let xml = String::from_utf8_lossy(&out.stdout).to_string();
+            keys.extend(between_all(&xml, "<Key>", "</Key>"));
+            token = between_all(&xml, "<NextContinuationToken>", "</NextContinuationToken>").pop();
+            if token.is_none() {
+                break;
+            }
+        }
+        keys.sort();
+        keys
+    }
+}
+
+fn between_all(text: &str, open: &str, close: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find(open) {
+        rest = &rest[i + open.len()..];
+        let Some(j) = rest.find(close) else { break };
+        out.push(rest[..j].replace("&amp;", "&"));
+        rest = &rest[j + close.len()..];
+    }
+    out
+}
+
+/// One signed request to the server.
+fn curl(endpoint: &str, extra: &[&str], path: &str) -> std::process::Output {
+    Command::new("curl")
+        .args(["-sS", "--aws-sigv4", "aws:amz:us-east-1:s3", "--user"])
+        .arg(format!("{ACCESS_KEY}:{SECRET_KEY}"))
+        .args(extra)
+        .arg(format!("{endpoint}{path}"))
+        .output()
+        .expect("running curl")
+}
