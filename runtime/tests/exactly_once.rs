@@ -7,7 +7,6 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use rand::Rng;
 
 fn worker_kills_keep_exactly_once(parallelism: u32) {
     let job = Job::counting(parallelism, 120_000, 97, 30_000, "150ms");
@@ -41,22 +40,7 @@ fn worker_kills_keep_exactly_once_at_parallelism_4() {
 fn tree_kills_keep_exactly_once(parallelism: u32, rescale: Option<&str>) {
     // 5 s of events; three rounds of at most 0.9 s each cannot finish it.
     let job = Job::counting(parallelism, 150_000, 53, 30_000, "200ms");
-    let mut rng = rand::rng();
-    let mut restore_args: Vec<&str> = Vec::new();
-    for round in 0..3 {
-        let child = job.spawn(&restore_args);
-        std::thread::sleep(Duration::from_millis(rng.random_range(400..900)));
-        kill_group(child.id());
-        let out = child.wait_with_output().unwrap();
-        assert!(!out.status.success(), "round {round}: the job ended before it was killed; make it longer");
-        restore_args = vec!["--restore", "latest"];
-        if let (Some(p), 1) = (rescale, round) {
-            restore_args.extend(["--parallelism", p]);
-        }
-    }
-    let out = wait_with_timeout(job.spawn(&restore_args), Duration::from_secs(180));
-    assert!(out.status.success(), "final run failed:\n{}", stderr(&out));
-    assert!(stderr(&out).contains("restoring `eo-test` from checkpoint"), "{}", stderr(&out));
+    kill_trees_then_restore_latest(&job, 400..900, rescale);
     job.assert_exactly_once();
     let leftovers: Vec<_> = std::fs::read_dir(job.path("out/eo")).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".inprogress")).collect();
     assert!(leftovers.is_empty(), "in-progress files left after the job finished: {leftovers:?}");

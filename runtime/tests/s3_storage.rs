@@ -9,7 +9,6 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use rand::Rng;
 
 fn bucket() -> minio::Bucket {
     minio::Server::start().bucket("weir")
@@ -41,19 +40,7 @@ fn worker_kills_with_s3_checkpoints_keep_exactly_once() {
 fn whole_tree_kills_then_restore_latest_from_s3_keep_exactly_once() {
     let bucket = bucket();
     let job = Job::counting(2, 150_000, 53, 30_000, "200ms").on_s3(&bucket);
-    let mut rng = rand::rng();
-    let mut restore_args: Vec<&str> = Vec::new();
-    for round in 0..3 {
-        let child = job.spawn(&restore_args);
-        std::thread::sleep(Duration::from_millis(rng.random_range(700..1500)));
-        kill_group(child.id());
-        let out = child.wait_with_output().unwrap();
-        assert!(!out.status.success(), "round {round}: the job ended before it was killed; make it longer");
-        restore_args = vec!["--restore", "latest"];
-    }
-    let out = wait_with_timeout(job.spawn(&restore_args), Duration::from_secs(180));
-    assert!(out.status.success(), "final run failed:\n{}", stderr(&out));
-    assert!(stderr(&out).contains("restoring `eo-test` from checkpoint"), "{}", stderr(&out));
+    let out = kill_trees_then_restore_latest(&job, 700..1500, None);
     assert!(stderr(&out).contains("s3://weir/"), "the restore does not name the S3 checkpoint:\n{}", stderr(&out));
     job.assert_exactly_once();
 }

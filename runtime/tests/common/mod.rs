@@ -189,6 +189,32 @@ pub fn kill_workers_while_running(job: &Job, child: &mut std::process::Child, ki
     done
 }
 
+/// Starts the job and SIGKILLs its whole process tree after a random time
+/// in `alive_ms`, three times, each run after the first with `--restore
+/// latest` (the second restore also at parallelism `rescale`, if given);
+/// then lets a last restored run finish and checks that it restored from a
+/// checkpoint. The job must outlive three such rounds.
+pub fn kill_trees_then_restore_latest(job: &Job, alive_ms: std::ops::Range<u64>, rescale: Option<&str>) -> Output {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    let mut restore_args: Vec<&str> = Vec::new();
+    for round in 0..3 {
+        let child = job.spawn(&restore_args);
+        std::thread::sleep(Duration::from_millis(rng.random_range(alive_ms.clone())));
+        kill_group(child.id());
+        let out = child.wait_with_output().unwrap();
+        assert!(!out.status.success(), "round {round}: the job ended before it was killed; make it longer");
+        restore_args = vec!["--restore", "latest"];
+        if let (Some(p), 1) = (rescale, round) {
+            restore_args.extend(["--parallelism", p]);
+        }
+    }
+    let out = wait_with_timeout(job.spawn(&restore_args), Duration::from_secs(180));
+    assert!(out.status.success(), "final run failed:\n{}", stderr(&out));
+    assert!(stderr(&out).contains("restoring `eo-test` from checkpoint"), "{}", stderr(&out));
+    out
+}
+
 pub fn kill(pid: u32) {
     unsafe {
         libc::kill(pid as i32, libc::SIGKILL);
