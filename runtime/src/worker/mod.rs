@@ -392,7 +392,10 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
         tokio::select! {
             joined = tasks.join_next() => match joined {
                 Some(Ok(Ok(()))) => {}
-                Some(Ok(Err(e))) => return Err(encode_failure.lock().unwrap_or_else(|p| p.into_inner()).take().unwrap_or(e)),
+                Some(Ok(Err(e))) => {
+                    let e = encode_failure.lock().unwrap_or_else(|p| p.into_inner()).take().unwrap_or(e);
+                    return Err(if e.is_fatal() { e } else { prefer_fatal(&mut tasks, e).await });
+                }
                 Some(Err(e)) => return Err(Error::Job(format!("a subtask crashed: {e}"))),
                 None => break,
             },
@@ -404,7 +407,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                 ending = "stopped";
                 break;
             }
-            reason = lost(&mut lost_rx) => return Err(Error::Job(reason)),
+            reason = lost(&mut lost_rx) => return Err(prefer_fatal(&mut tasks, Error::Job(reason)).await),
             e = &mut coordinator_failed => return Err(e),
         }
     }
@@ -514,5 +517,26 @@ async fn accept_data(
                 }
             }
         });
+    }
+}
+
+/// A lost peer or a closed input is often the echo of this worker's own
+/// failure: its subtask failed on a record, its connections closed, the
+/// other worker gave up, and that news can arrive before the subtask's own
+/// error is seen. A fatal error of one of this worker's subtasks within a
+/// moment is the cause and wins, so a deterministic failure is reported as
+/// one (exit 3) instead of being restarted.
+async fn prefer_fatal(tasks: &mut JoinSet<Result<()>>, e: Error) -> Error {
+    let deadline = tokio::time::sleep(Duration::from_millis(300));
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            _ = &mut deadline => return e,
+            joined = tasks.join_next() => match joined {
+                Some(Ok(Err(fatal))) if fatal.is_fatal() => return fatal,
+                Some(_) => {}
+                None => return e,
+            },
+        }
     }
 }
