@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -80,15 +80,7 @@ fn restore_latest_without_a_checkpoint_starts_fresh_and_says_so() {
 fn a_savepoint_of_a_running_job_is_listed_and_restorable() {
     let job = Job::counting(2, 60_000, 20, 20_000, "300ms");
     let child = job.spawn(&[]);
-    let start = Instant::now();
-    let path = loop {
-        assert!(start.elapsed() < Duration::from_secs(30), "no savepoint could be taken");
-        std::thread::sleep(Duration::from_millis(300));
-        let out = job.weir(&["savepoint", "--state-dir", &job.state]).output().unwrap();
-        if out.status.success() {
-            break String::from_utf8_lossy(&out.stdout).trim().to_string();
-        }
-    };
+    let path = job.take_savepoint();
     assert!(std::path::Path::new(&path).join("_metadata").exists(), "{path}");
     let list = job.weir(&["checkpoints", "list", "--state-dir", &job.state]).output().unwrap();
     let table = String::from_utf8_lossy(&list.stdout);

@@ -50,15 +50,7 @@ fn a_savepoint_on_s3_is_listed_and_restorable() {
     let bucket = bucket();
     let job = Job::counting(2, 60_000, 20, 20_000, "300ms").on_s3(&bucket);
     let mut child = KillOnDrop::new(job.spawn(&[]));
-    let start = Instant::now();
-    let path = loop {
-        assert!(start.elapsed() < Duration::from_secs(30), "no savepoint could be taken");
-        std::thread::sleep(Duration::from_millis(300));
-        let out = job.weir(&["savepoint", "--state-dir", &job.state]).output().unwrap();
-        if out.status.success() {
-            break String::from_utf8_lossy(&out.stdout).trim().to_string();
-        }
-    };
+    let path = job.take_savepoint();
     assert!(path.starts_with("s3://weir/"), "the savepoint is not in the bucket: {path}");
     assert!(bucket.get(&format!("{}/_metadata", bucket.key_of(&path))).is_some(), "{path} has no _metadata");
     let list = job.weir(&["checkpoints", "list", "--state-dir", &job.state]).output().unwrap();

@@ -52,6 +52,20 @@ impl Job {
         self
     }
 
+    /// Takes a savepoint of the running job (retrying until it is up, 30 s
+    /// at most) and returns its location as `weir savepoint` prints it.
+    pub fn take_savepoint(&self) -> String {
+        let start = Instant::now();
+        loop {
+            assert!(start.elapsed() < Duration::from_secs(30), "no savepoint could be taken");
+            std::thread::sleep(Duration::from_millis(300));
+            let out = self.weir(&["savepoint", "--state-dir", &self.state]).output().unwrap();
+            if out.status.success() {
+                return String::from_utf8_lossy(&out.stdout).trim().to_string();
+            }
+        }
+    }
+
     /// `--state-dir STATE`, for any command that reads the job's state.
     pub fn state_args(&self) -> [&str; 2] {
         ["--state-dir", &self.state]
