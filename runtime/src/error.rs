@@ -83,6 +83,12 @@ pub enum Error {
     #[error("file sink: {temp} (checkpoint {checkpoint}) is gone, and so is its final name {final_name}: the records of a completed checkpoint are lost; was the output directory cleaned while the job ran?")]
     LostPendingFile { temp: PathBuf, final_name: PathBuf, checkpoint: u64 },
 
+    /// A newer run of the job has claimed its state: this run is superseded
+    /// (its node was cut off, its processes frozen, or another `weir run`
+    /// took over) and must not complete a checkpoint or commit output.
+    #[error("run {run_id} (run epoch {epoch}) of this job was superseded by run {newer}, which claimed the job's state in {location}; this run stops without committing anything")]
+    Fenced { run_id: String, epoch: u64, newer: String, location: String },
+
     /// The local supervisor gave up at once on a worker's fatal error.
     #[error("the job failed and cannot be restarted: {0}")]
     Fatal(String),
@@ -121,6 +127,7 @@ impl Error {
             | Error::RecordTooLarge { .. }
             | Error::LostPendingFile { .. }
             | Error::AlreadyRunning { .. }
+            | Error::Fenced { .. }
             | Error::Fatal(_) => true,
             Error::Storage { .. }
             | Error::Io { .. }

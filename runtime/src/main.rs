@@ -25,6 +25,18 @@ struct Cli {
     command: Command,
     #[command(flatten)]
     s3: S3Args,
+    /// A worker or coordinator that sends nothing on its control connection for this long is lost (frozen,
+    /// cut off, its node gone): the run fails and is restored from the latest checkpoint.
+    #[arg(long, global = true, env = "WEIR_HEARTBEAT_TIMEOUT", value_name = "DURATION", default_value = "5s", value_parser = parse_heartbeat_timeout)]
+    heartbeat_timeout: std::time::Duration,
+}
+
+fn parse_heartbeat_timeout(text: &str) -> Result<std::time::Duration, String> {
+    let d = weir_api::pipeline::HumanDuration::parse(text)?.get();
+    if d < std::time::Duration::from_millis(100) {
+        return Err(format!("{text} is too short: at least 100ms, a few seconds in practice"));
+    }
+    Ok(d)
 }
 
 /// Where `s3://` locations are. Credentials are never flags: they come from
@@ -128,6 +140,11 @@ a record a step fails on), reported by the first attempt; 1 anything else (e.g. 
         /// Restore even if the checkpoint has state for steps the pipeline no longer has.
         #[arg(long)]
         allow_non_restored_state: bool,
+        /// With `--restore latest`: fail (exit 3) instead of starting fresh when --state-dir holds no state of the
+        /// job at all. The operator passes it once the job has completed a checkpoint, so that lost storage or a
+        /// wrong bucket never silently restarts a job from scratch.
+        #[arg(long)]
+        expect_state: bool,
     },
 }
 
@@ -199,6 +216,7 @@ fn main() -> ExitCode {
         eprintln!("error: {e}");
         return ExitCode::from(2);
     }
+    weir_runtime::worker::protocol::configure_heartbeat_timeout(cli.heartbeat_timeout);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
@@ -207,7 +225,7 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Worker { pipeline, index, cluster, control_addr, membership_timeout, state_dir, base_dir, parallelism, restore, allow_non_restored_state } => {
+        Command::Worker { pipeline, index, cluster, control_addr, membership_timeout, state_dir, base_dir, parallelism, restore, allow_non_restored_state, expect_state } => {
             init_tracing(std::env::var_os("WEIR_LOG_JSON").is_some());
             let token = std::env::var("WEIR_CONTROL_TOKEN").unwrap_or_default();
             if cluster.is_none() && token.is_empty() {
@@ -234,7 +252,7 @@ fn main() -> ExitCode {
                     None => std::env::current_dir().map_err(Error::io("current directory"))?,
                 };
                 let restore = restore.as_deref().map(RestoreFrom::parse);
-                worker::run(WorkerConfig { plan: Arc::new(plan), index, placement, state_dir, restore, allow_non_restored_state, base_dir, token }).await
+                worker::run(WorkerConfig { plan: Arc::new(plan), index, placement, state_dir, restore, allow_non_restored_state, expect_state, base_dir, token }).await
             });
             // Do not wait for blocked tasks (a peer that is gone) on the way out.
             runtime.shutdown_timeout(Duration::from_millis(100));
@@ -242,6 +260,11 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!(worker = index, error = %e, "worker failed");
+                    // On Kubernetes the kubelet puts this file's content in the
+                    // pod's status, where the operator reads why the run failed.
+                    if std::path::Path::new(TERMINATION_LOG).exists() {
+                        let _ = std::fs::write(TERMINATION_LOG, e.to_string().chars().take(2048).collect::<String>());
+                    }
                     if e.is_fatal() {
                         ExitCode::from(local::EXIT_FATAL as u8)
                     } else {
@@ -267,6 +290,9 @@ fn main() -> ExitCode {
         }
     }
 }
+
+/// The container's termination message file (terminationMessagePath's default).
+const TERMINATION_LOG: &str = "/dev/termination-log";
 
 /// Calls a running local job's control endpoint and decodes a 2xx answer.
 async fn call_job<T: serde::de::DeserializeOwned>(run: &local::RunInfo, method: &str, path: &str, body: Option<&[u8]>, timeout: Duration) -> anyhow::Result<T> {

@@ -77,8 +77,9 @@ fn damaged_latest(damage: impl Fn(&mut Vec<u8>)) {
     let job = Job::counting(2, 5_000, 10, 0, "50ms");
     let out = job.run(&[]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let latest = std::fs::read_to_string(job.path("state/eo-test/checkpoints/_latest")).unwrap();
-    let meta_path = job.path(&format!("state/eo-test/{}/_metadata", latest.trim()));
+    let latest = job.latest().expect("the run left a latest checkpoint");
+    let latest = latest.rsplit('/').next().unwrap().to_string();
+    let meta_path = job.path(&format!("state/eo-test/checkpoints/{latest}/_metadata"));
     let mut bytes = std::fs::read(&meta_path).unwrap();
     damage(&mut bytes);
     std::fs::write(&meta_path, &bytes).unwrap();

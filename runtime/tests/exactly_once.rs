@@ -129,3 +129,40 @@ fn a_crash_between_checkpoint_completion_and_commit_keeps_exactly_once() {
 fn a_crash_in_the_sink_before_it_commits_keeps_exactly_once() {
     crash_at("before-commit");
 }
+
+/// A frozen process (SIGSTOP: a paused VM, a process stuck in the kernel, a
+/// node cut off) keeps its TCP connections open, so only heartbeats notice
+/// it. Freezes worker `victim` once the job runs; the run must fail within
+/// the heartbeat timeout and be restored, with output exactly once.
+fn a_frozen_worker_is_found_by_heartbeats(victim: usize) {
+    let job = Job::counting(2, 120_000, 37, 30_000, "100ms");
+    let child = job.spawn(&["--heartbeat-timeout", "1s"]);
+    let start = std::time::Instant::now();
+    let pids = loop {
+        if let Some((pids, _)) = job.worker_pids().filter(|(p, _)| p.len() == 2) {
+            break pids;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "the workers never started");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    std::thread::sleep(Duration::from_millis(1200));
+    unsafe {
+        libc::kill(pids[victim] as i32, libc::SIGSTOP);
+    }
+    let out = wait_with_timeout(child, Duration::from_secs(120));
+    let err = stderr(&out);
+    assert!(out.status.success(), "weir run failed:\n{err}");
+    assert!(err.contains("sent nothing for 1.0s"), "the frozen worker was not found by the heartbeat timeout:\n{err}");
+    assert!(err.contains("restarting"), "no restart was reported:\n{err}");
+    job.assert_exactly_once();
+}
+
+#[test]
+fn a_frozen_worker_is_found_by_the_coordinators_heartbeat_timeout_and_the_job_recovers_exactly_once() {
+    a_frozen_worker_is_found_by_heartbeats(1);
+}
+
+#[test]
+fn a_frozen_coordinator_is_found_by_the_workers_heartbeat_timeout_and_the_job_recovers_exactly_once() {
+    a_frozen_worker_is_found_by_heartbeats(0);
+}

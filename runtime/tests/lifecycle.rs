@@ -258,7 +258,7 @@ fn list_snapshots(job: &Job) -> Vec<Snapshot> {
         .collect()
 }
 
-/// The snapshot id in a `_latest` pointer or a location (`chk-N`, `sp-N-ms`).
+/// The snapshot id in a lineage pointer or a location (`chk-N`, `sp-N-ms`).
 fn snapshot_id(text: &str) -> Option<u64> {
     let name = text.trim().trim_end_matches('/').rsplit('/').next()?;
     let digits = name.strip_prefix("chk-").or_else(|| name.strip_prefix("sp-"))?;
@@ -415,13 +415,13 @@ impl<'a> Model<'a> {
         self.lineage = Lineage::Running;
     }
 
-    /// Whether `_latest` names a checkpoint of the current lineage. After a
-    /// re-run it may still name the previous lineage's last checkpoint, whose
-    /// output the user deleted: a crash before the new lineage's first
-    /// checkpoint is then resumed by starting afresh, as a user would.
+    /// Whether the lineage's latest is a snapshot of the current lineage.
+    /// After a re-run it may still be the previous lineage's last checkpoint
+    /// (when the re-run crashed before it began its own), whose output the
+    /// user deleted: a crash before the new lineage's first checkpoint is then
+    /// resumed by starting afresh, as a user would.
     fn lineage_has_a_checkpoint(&self) -> bool {
-        let latest = std::fs::read_to_string(self.job.path(&format!("{JOB_DIR}/checkpoints/_latest"))).unwrap_or_default();
-        snapshot_id(&latest).is_some_and(|id| id > self.lineage_base)
+        self.job.latest().and_then(|l| snapshot_id(&l)).is_some_and(|id| id > self.lineage_base)
     }
 
     /// Starts the job the way its state calls for.
@@ -641,7 +641,7 @@ impl<'a> Model<'a> {
     }
 
     /// Is restoring `s` a fork? Only the lineage's newest state is not: the
-    /// snapshot `_latest` names, or the savepoint the job was stopped with.
+    /// snapshot the lineage names as latest, or the savepoint the job was stopped with.
     /// Anything else counts as a fork, which only makes the oracle lenient.
     fn is_fork(&self, s: &Snapshot) -> bool {
         let stopped_with = matches!(&self.lineage, Lineage::Stopped(sp) if *sp == s.location);
@@ -728,7 +728,7 @@ impl<'a> Model<'a> {
     }
 
     /// Digest of everything a failed restore must leave alone: every snapshot
-    /// directory, the `_latest` pointer, and the output.
+    /// directory and the output.
     fn untouchable(&self) -> BTreeMap<PathBuf, (u64, u64)> {
         let mut d = tree_digest(&self.job.path(&format!("{JOB_DIR}/checkpoints")));
         d.extend(tree_digest(&self.job.path(&format!("{JOB_DIR}/savepoints"))));

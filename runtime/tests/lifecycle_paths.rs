@@ -213,8 +213,8 @@ fn run_json_holding_the_control_token_is_readable_only_by_its_owner() {
     assert_eq!(mode & 0o077, 0, "run.json has mode {mode:o}");
 }
 
-/// After a power loss `_latest` must not lag output already published on its
-/// strength: the metadata and the pointer are fsynced like the sink's commits.
+/// After a power loss the lineage must not lag output already published on its
+/// strength: the metadata and the lineage records are fsynced like the sink's commits.
 /// Checked by tracing the real system calls (strace, installed by scripts/test).
 #[test]
 fn checkpoint_metadata_and_the_latest_pointer_are_fsynced() {
@@ -230,7 +230,7 @@ fn checkpoint_metadata_and_the_latest_pointer_are_fsynced() {
         .expect("strace is needed for this test (scripts/test installs it)");
     assert!(out.status.success(), "{}", stderr(&out));
     let calls = std::fs::read_to_string(&trace).unwrap();
-    for what in ["/_metadata>", "/checkpoints/_latest>", ".arrow>"] {
+    for what in ["/_metadata>", "/start>", "/chk-00000000000000000001>", ".arrow>"] {
         assert!(calls.lines().any(|l| l.contains("fsync(") && l.contains(what)), "no fsync of {what}:\n{calls}");
     }
 }

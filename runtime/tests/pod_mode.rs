@@ -153,6 +153,16 @@ impl Pods {
         }
     }
 
+    /// Freezes (SIGSTOP) or thaws (SIGCONT) every process of the set, as a
+    /// partitioned node or a paused VM does to a run.
+    fn signal_all(&self, signal: i32) {
+        for child in self.children.iter().flatten() {
+            unsafe {
+                libc::kill(child.id() as i32, signal);
+            }
+        }
+    }
+
     fn kill(&mut self, i: usize) -> ExitStatus {
         let mut child = self.children[i].take().unwrap();
         kill(child.id());
@@ -251,7 +261,7 @@ fn after_a_savepoint_and_a_lost_worker_a_new_set_restores_latest_exactly_once() 
     assert_eq!(survivor.code(), Some(1), "worker 0 after losing worker 1:\n{}", first.logs());
     assert!(job.committed_lines().len() < 100_000, "the job finished before the failure; make it longer");
 
-    let latest = std::fs::read_to_string(job.path("state/eo-test/checkpoints/_latest")).unwrap();
+    let latest = job.latest().expect("a latest checkpoint");
     let mut second = Pods::start(&job, 3, "pod-run-b", &["--restore", "latest"]);
     second.put_membership("pod-run-b");
     let st = second.status_of_run(0, "pod-run-b");
@@ -260,6 +270,116 @@ fn after_a_savepoint_and_a_lost_worker_a_new_set_restores_latest_exactly_once() 
     assert_eq!(st.run_id, "pod-run-b");
     second.wait_finished();
     job.assert_exactly_once();
+}
+
+/// A zombie: the run's processes are frozen mid-run (its node partitioned or
+/// paused), a newer run restores the job and goes on, then the old processes
+/// wake up. The fence in storage stops them: the old coordinator completes no
+/// checkpoint, no old sink commits, and the output is exactly once.
+#[test]
+fn a_frozen_run_that_wakes_up_after_a_newer_run_took_over_commits_nothing() {
+    let job = Job::counting(2, 150_000, 29, 20_000, "100ms");
+    // A long heartbeat timeout for the old run: on waking up, its processes
+    // must meet the fence, not merely notice that time passed.
+    let mut old = Pods::start(&job, 9, "zombie-run-a", &["--heartbeat-timeout", "60s"]);
+    old.put_membership("zombie-run-a");
+    old.wait_running(10_000);
+    let start = Instant::now();
+    while old.status(0).checkpoints_completed < 2 {
+        assert!(start.elapsed() < Duration::from_secs(20), "no checkpoint completed:\n{}", old.logs());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    old.signal_all(libc::SIGSTOP);
+    let mut new = Pods::start(&job, 10, "zombie-run-b", &["--restore", "latest"]);
+    new.put_membership("zombie-run-b");
+    let st = new.status_of_run(0, "zombie-run-b");
+    assert!(st.restored_from.is_some(), "the new run started fresh: {st:?}");
+    // The new run completes a checkpoint of its own before the old one wakes.
+    let start = Instant::now();
+    while new.status(0).checkpoints_completed < 1 {
+        assert!(start.elapsed() < Duration::from_secs(20), "the new run completed no checkpoint:\n{}", new.logs());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    old.signal_all(libc::SIGCONT);
+    let coordinator = old.wait(0, Duration::from_secs(30));
+    assert_eq!(coordinator.code(), Some(3), "the old coordinator after waking up:\n{}", old.logs());
+    assert!(old.logs().contains("superseded by run zombie-run-b"), "{}", old.logs());
+    let _ = old.wait(1, Duration::from_secs(30));
+    new.wait_finished();
+    job.assert_exactly_once();
+    // In storage: every checkpoint directory names the run that owns it, and
+    // no checkpoint of the old run completed after the new run's first one.
+    let mut completed: Vec<(u64, String)> = Vec::new();
+    for entry in std::fs::read_dir(job.path("state/eo-test/checkpoints")).unwrap().flatten() {
+        let dir = entry.path();
+        let (Some(id), Ok(owner)) = (
+            dir.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix("chk-")).and_then(|n| n.parse::<u64>().ok()),
+            std::fs::read_to_string(dir.join("_owner")),
+        ) else {
+            continue;
+        };
+        if dir.join("_metadata").exists() {
+            let owner: serde_json::Value = serde_json::from_str(&owner).unwrap();
+            completed.push((id, owner["run_id"].as_str().unwrap().to_string()));
+        }
+    }
+    let first_new = completed.iter().filter(|(_, r)| r == "zombie-run-b").map(|(id, _)| *id).min().expect("the new run's checkpoints");
+    let late: Vec<_> = completed.iter().filter(|(id, r)| r == "zombie-run-a" && *id > first_new).collect();
+    assert!(late.is_empty(), "the old run completed checkpoints after the new run began: {late:?}");
+}
+
+/// The operator passes `--expect-state` once the job has completed a
+/// checkpoint: if the storage then holds nothing of the job (lost, emptied,
+/// the wrong bucket), the run fails naming the storage instead of silently
+/// starting from scratch, and nothing is written.
+#[test]
+fn restoring_latest_from_storage_without_any_state_of_the_job_fails_when_state_is_expected() {
+    let job = Job::counting(2, 10_000, 10, 0, "100ms");
+    let mut pods = Pods::start(&job, 11, "lost-storage", &["--restore", "latest", "--expect-state"]);
+    pods.put_membership("lost-storage");
+    let status = pods.wait(0, Duration::from_secs(30));
+    assert_eq!(status.code(), Some(3), "worker 0:\n{}", pods.logs());
+    assert!(pods.logs().contains("holds no state of it at all"), "{}", pods.logs());
+    assert!(job.committed_lines().is_empty(), "the job started from scratch");
+}
+
+/// Only the run's own workers may open its data and coordinator connections:
+/// a stranger that knows the run id (it is in the pods' labels) but not the
+/// job's token is turned away before anything else it says is read, so it
+/// can neither feed records in nor fail the run, which goes on exactly once.
+#[test]
+fn a_stranger_on_the_data_and_coordinator_ports_is_turned_away_and_the_run_goes_on() {
+    use futures::SinkExt;
+    use weir_api::control::{COORDINATOR_PORT, DATA_PORT};
+    use weir_runtime::exchange::frame::{codec, encode_hello, Hello};
+    use weir_runtime::worker::protocol::ToCoordinator;
+    let job = Job::counting(2, 80_000, 17, 20_000, "100ms");
+    let mut pods = Pods::start(&job, 12, "stranger-run", &[]);
+    pods.put_membership("stranger-run");
+    pods.wait_running(5_000);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut held = Vec::new();
+        for ip in &pods.ips {
+            let stream = tokio::net::TcpStream::connect((*ip, DATA_PORT)).await.unwrap();
+            let mut conn = tokio_util::codec::Framed::new(stream, codec());
+            // A channel that does not exist: if it were read, it would fail the run.
+            let hello = Hello { run_id: "stranger-run".into(), stage: 7, from: 9, to: 9, proof: "00".repeat(32) };
+            conn.send(encode_hello(&hello)).await.unwrap();
+            held.push(conn);
+        }
+        let stream = tokio::net::TcpStream::connect((pods.ips[0], COORDINATOR_PORT)).await.unwrap();
+        let mut conn = tokio_util::codec::Framed::new(stream, codec());
+        let hello = ToCoordinator::Hello { worker: 1, run_id: "stranger-run".into(), restored_from: None, proof: "forged".into() };
+        conn.send(bytes::Bytes::from(serde_json::to_vec(&hello).unwrap())).await.unwrap();
+        held.push(conn);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    });
+    pods.wait_finished();
+    job.assert_exactly_once();
+    let logs = pods.logs();
+    assert!(logs.contains("rejected a data connection without this run's proof"), "{logs}");
+    assert!(logs.contains("ignoring a connection without this run's proof"), "{logs}");
 }
 
 #[test]

@@ -32,7 +32,8 @@ fn worker_kills_with_s3_checkpoints_keep_exactly_once() {
     job.assert_exactly_once();
     let keys = snapshot_keys(&job, &bucket, "checkpoints");
     assert!(keys.iter().any(|k| k.ends_with("/_metadata")), "no completed checkpoint in the bucket: {keys:?}");
-    assert!(keys.iter().any(|k| k.ends_with("checkpoints/_latest")), "no _latest in the bucket: {keys:?}");
+    let lineage = snapshot_keys(&job, &bucket, "lineage");
+    assert!(lineage.iter().any(|k| k.contains("/chk-")), "no lineage record in the bucket: {lineage:?}");
     assert!(!job.path("state").exists(), "an s3:// job wrote state to local disk");
 }
 
@@ -62,6 +63,30 @@ fn a_savepoint_on_s3_is_listed_and_restorable() {
     assert!(stderr(&out).contains("from savepoint"), "{}", stderr(&out));
     let seqs: std::collections::HashSet<i64> = job.committed_lines().iter().map(|l| l["seq"].as_i64().unwrap()).collect();
     assert_eq!(seqs.len(), 60_000);
+}
+
+/// S3 has no kernel lock: the run's lease in the bucket refuses a second
+/// `weir run` of the job (from another directory, as from another machine),
+/// naming the one that runs; the first run goes on untouched.
+#[test]
+fn a_second_run_of_a_job_on_the_same_s3_state_is_refused_naming_the_first() {
+    let bucket = bucket();
+    let first = Job::counting(2, 90_000, 31, 20_000, "200ms").on_s3(&bucket);
+    let mut running = KillOnDrop::new(first.spawn(&[]));
+    first.take_savepoint();
+    let mut second = Job::counting(2, 90_000, 31, 20_000, "200ms").on_s3(&bucket);
+    second.state = first.state.clone();
+    for restore in [None, Some("latest")] {
+        let out = second.run(restore.map(|r| vec!["--restore", r]).unwrap_or_default().as_slice());
+        assert!(!out.status.success(), "a second run started beside the first");
+        let err = stderr(&out);
+        assert!(err.contains("already running") && err.contains(&format!("pid {}", running.pid())), "{err}");
+        assert!(second.committed_lines().is_empty(), "the refused run wrote output");
+    }
+    let status = running.wait_for(Duration::from_secs(120)).expect("the first run did not end");
+    assert!(status.success(), "the first run failed after the refused ones");
+    first.assert_exactly_once();
+    assert!(bucket.get(&format!("{}/eo-test/run.lease", bucket.key_of(&first.state))).is_none(), "the finished run left its lease");
 }
 
 #[test]

@@ -2,8 +2,11 @@
 //!
 //! It injects barrier n into every source subtask (through the workers),
 //! collects one acknowledgement per subtask, and completes the checkpoint by
-//! writing its metadata last and moving the latest pointer; only then does it
-//! tell the workers, whose sinks commit. A checkpoint that is declined or not
+//! writing its metadata last and recording it in the job's lineage; only then,
+//! and only if no newer run has claimed the job (the fence, `lineage.rs`),
+//! does it tell the workers, whose sinks commit. A superseded run fails with
+//! `Error::Fenced` instead. Before a trigger it takes ownership of the
+//! snapshot's directory, so no other run ever writes state into it. A checkpoint that is declined or not
 //! complete within the timeout is abandoned and the job goes on; the next one
 //! gets a new id. Savepoints are checkpoints that are kept, and that sinks do
 //! not commit on (their output is committed by the next checkpoint). When
@@ -25,13 +28,14 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
+use super::lineage::RunClaim;
 use super::metadata::{CheckpointMetadata, SnapshotKind, SubtaskAck};
 use super::savepoints::SavepointBook;
 use super::storage::CheckpointStorage;
 use crate::control::{ApiRequest, CheckpointStatus, SharedStatus};
 use crate::error::{Error, Result};
 use crate::exchange::Barrier;
-use crate::worker::protocol::{framed, recv, ToCoordinator, ToWorker};
+use crate::worker::protocol::{framed, heartbeat_interval, heartbeat_timeout, recv, silence, ToCoordinator, ToWorker};
 
 /// The status of the last run that finished, in the job's storage root.
 pub const FINAL_STATUS: &str = "finished.json";
@@ -39,6 +43,8 @@ pub const FINAL_STATUS: &str = "finished.json";
 pub struct CoordinatorConfig {
     pub job: String,
     pub run_id: String,
+    /// What every worker of the run proves in its hello (`protocol::run_proof`).
+    pub run_proof: String,
     pub parallelism: u32,
     pub max_parallelism: u32,
     pub stages: usize,
@@ -56,6 +62,8 @@ pub struct CoordinatorConfig {
     /// After a stopping savepoint the job ends by itself (`weir run`: nobody
     /// else would stop it). On Kubernetes the operator removes the pods.
     pub end_after_stop: bool,
+    /// This run's claim on the job's state (worker 0 claimed it at start).
+    pub claim: RunClaim,
 }
 
 /// A savepoint request admitted by the control endpoint.
@@ -100,6 +108,10 @@ struct Coordinator {
     stopped_by: Option<u64>,
     /// Each worker's (records in, records out, records skipped).
     metrics: HashMap<u32, (u64, u64, u64)>,
+    /// Set when a newer run has claimed the job: this run ends with it.
+    fenced: Option<Error>,
+    /// The lineage records of older runs were deleted (once per run).
+    forgot_older_runs: bool,
 }
 
 /// Runs the coordinator until the job finishes (Ok) or a worker is lost (Err).
@@ -107,7 +119,7 @@ pub async fn run(cfg: CoordinatorConfig, listener: TcpListener, mut api: mpsc::R
     let next_id = cfg.storage.next_id().await?;
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let run_id = cfg.run_id.clone();
-    tokio::spawn(accept_workers(listener, run_id, cfg.restored_from.clone(), events_tx));
+    tokio::spawn(accept_workers(listener, run_id, cfg.run_proof.clone(), cfg.restored_from.clone(), events_tx));
     let mut c = Coordinator {
         cfg,
         status,
@@ -124,6 +136,8 @@ pub async fn run(cfg: CoordinatorConfig, listener: TcpListener, mut api: mpsc::R
         savepoint_queue: VecDeque::new(),
         stopped_by: None,
         metrics: HashMap::new(),
+        fenced: None,
+        forgot_older_runs: false,
     };
     c.set_phase("starting");
     let mut tick = tokio::time::interval(Duration::from_millis(20));
@@ -149,23 +163,32 @@ pub async fn run(cfg: CoordinatorConfig, listener: TcpListener, mut api: mpsc::R
             }
             _ = tick.tick() => c.on_tick().await,
         }
+        if let Some(e) = c.fenced.take() {
+            tracing::error!(error = %e, "superseded by a newer run");
+            return Err(e);
+        }
         if c.final_failed {
             return Err(Error::Job("the final checkpoint failed; the job is restored from its latest completed checkpoint".into()));
         }
     }
 }
 
-async fn accept_workers(listener: TcpListener, run_id: String, restored_from: Option<String>, events: mpsc::UnboundedSender<Event>) {
+async fn accept_workers(listener: TcpListener, run_id: String, proof: String, restored_from: Option<String>, events: mpsc::UnboundedSender<Event>) {
     loop {
         let Ok((stream, peer)) = listener.accept().await else { continue };
         let events = events.clone();
         let run_id = run_id.clone();
+        let proof = proof.clone();
         let restored_from = restored_from.clone();
         tokio::spawn(async move {
             let peer = peer.to_string();
             let mut conn = framed(stream);
             let worker = match recv::<ToCoordinator>(&mut conn, &peer).await {
-                Ok(Some(ToCoordinator::Hello { worker, run_id: r, restored_from: theirs })) if r == run_id => {
+                Ok(Some(ToCoordinator::Hello { proof: theirs_proof, .. })) if !crate::worker::protocol::proof_matches(&proof, &theirs_proof) => {
+                    tracing::warn!(%peer, "ignoring a connection without this run's proof");
+                    return;
+                }
+                Ok(Some(ToCoordinator::Hello { worker, run_id: r, restored_from: theirs, .. })) if r == run_id => {
                     // Workers resolve `--restore latest` each on their own; if the
                     // latest pointer moved in between, they would disagree.
                     if theirs != restored_from {
@@ -186,7 +209,15 @@ async fn accept_workers(listener: TcpListener, run_id: String, restored_from: Op
                 _ => return,
             };
             let (tx, mut rx) = mpsc::unbounded_channel::<ToWorker>();
+            let heartbeats = tx.clone();
             let _ = events.send(Event::Connected { worker, tx });
+            // Beats from a task of their own: a coordinator busy writing a
+            // checkpoint to slow storage is still alive.
+            tokio::spawn(async move {
+                while heartbeats.send(ToWorker::Heartbeat).is_ok() {
+                    tokio::time::sleep(heartbeat_interval()).await;
+                }
+            });
             use futures::StreamExt;
             let (mut sink, mut stream) = conn.split::<bytes::Bytes>();
             let writer_peer = peer.clone();
@@ -201,7 +232,11 @@ async fn accept_workers(listener: TcpListener, run_id: String, restored_from: Op
                 }
             });
             loop {
-                let msg = match stream.next().await {
+                let Ok(next) = tokio::time::timeout(heartbeat_timeout(), stream.next()).await else {
+                    let _ = events.send(Event::Lost { worker, reason: silence(&format!("worker {worker} ({peer})")) });
+                    return;
+                };
+                let msg = match next {
                     Some(Ok(frame)) => match serde_json::from_slice::<ToCoordinator>(&frame) {
                         Ok(m) => m,
                         Err(e) => {
@@ -268,7 +303,7 @@ impl Coordinator {
                 return Err(Error::Job(format!("worker {worker} was lost ({reason})")));
             }
             Event::Message { worker, msg } => match msg {
-                ToCoordinator::Hello { .. } => {}
+                ToCoordinator::Hello { .. } | ToCoordinator::Heartbeat => {}
                 ToCoordinator::Ready => {
                     self.ready.insert(worker);
                     if !self.started && self.ready.len() == self.cfg.workers {
@@ -337,21 +372,50 @@ impl Coordinator {
             return;
         }
         if let Some(request) = self.savepoint_queue.pop_front() {
-            self.trigger(SnapshotKind::Savepoint, false, Some(request));
+            self.trigger(SnapshotKind::Savepoint, false, Some(request)).await;
         } else if self.sources_finished.len() == self.cfg.parallelism as usize {
-            self.trigger(SnapshotKind::Checkpoint, true, None);
+            self.trigger(SnapshotKind::Checkpoint, true, None).await;
         } else if !self.cfg.interval.is_zero() && self.last_trigger.elapsed() >= self.cfg.interval {
-            self.trigger(SnapshotKind::Checkpoint, false, None);
+            self.trigger(SnapshotKind::Checkpoint, false, None).await;
         }
     }
 
-    fn trigger(&mut self, kind: SnapshotKind, is_final: bool, request: Option<Ask>) {
+    async fn trigger(&mut self, kind: SnapshotKind, is_final: bool, request: Option<Ask>) {
         let id = self.next_id;
         self.next_id += 1;
         let dir = match kind {
             SnapshotKind::Checkpoint => CheckpointStorage::checkpoint_dir(id),
             SnapshotKind::Savepoint => CheckpointStorage::savepoint_dir(id),
         };
+        // The directory becomes this run's before any barrier names it. If
+        // another run owns it, that run is newer (ids are listed after the
+        // claim) or abandoned it; either way this id is skipped.
+        match self.cfg.storage.own_dir(&self.cfg.claim, &dir).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(id, dir, "another run owns this snapshot directory; skipping the id");
+                if let Err(e @ Error::Fenced { .. }) = self.cfg.storage.check_fence(&self.cfg.claim).await {
+                    self.fenced = Some(e);
+                }
+                if let Some(r) = request {
+                    self.savepoint_queue.push_front(r);
+                }
+                return;
+            }
+            Err(e) => {
+                let reason = format!("could not start it in storage: {e}");
+                tracing::warn!(id, %reason, "checkpoint not started; the job goes on");
+                self.last_trigger = Instant::now();
+                if let Ok(mut s) = self.status.lock() {
+                    s.checkpoints_failed += 1;
+                    s.last_checkpoint_failure = Some(format!("checkpoint {id}: {reason}"));
+                }
+                if let Some(ask) = request {
+                    self.cfg.savepoints.fail(&ask.request_id, format!("savepoint {id} failed: {reason}"));
+                }
+                return;
+            }
+        }
         tracing::debug!(id, ?kind, is_final, "triggering checkpoint");
         self.broadcast(ToWorker::Trigger(Barrier { checkpoint_id: id, savepoint: kind == SnapshotKind::Savepoint, is_final, dir: dir.clone() }));
         self.last_trigger = Instant::now();
@@ -370,7 +434,7 @@ impl Coordinator {
         for (_, ack) in p.acks.drain() {
             meta.add(ack);
         }
-        match self.cfg.storage.complete(&p.dir, &meta).await {
+        match self.cfg.storage.complete(&p.dir, &meta, &self.cfg.claim).await {
             Ok(location) => {
                 crate::fault::crash_point("after-complete", p.id);
                 let st = CheckpointStatus {
@@ -393,6 +457,9 @@ impl Coordinator {
                 if p.kind == SnapshotKind::Checkpoint {
                     let storage = self.cfg.storage.clone();
                     let retain = self.cfg.retain;
+                    let claim = self.cfg.claim.clone();
+                    let older_runs = !self.forgot_older_runs;
+                    self.forgot_older_runs = true;
                     if p.is_final {
                         // The job ends with this checkpoint: retention is done
                         // before the commit, so that the final cleanup of
@@ -406,6 +473,9 @@ impl Coordinator {
                         tokio::spawn(async move {
                             if let Err(e) = storage.apply_retention(retain).await {
                                 tracing::warn!(error = %e, "could not delete old checkpoints");
+                            }
+                            if let Err(e) = storage.forget_older_records(&claim, older_runs).await {
+                                tracing::warn!(error = %e, "could not delete old lineage records");
                             }
                         });
                     }
@@ -433,6 +503,12 @@ impl Coordinator {
                     }
                 }
             }
+            Err(e @ Error::Fenced { .. }) => {
+                // Nothing is committed, and the pending files stay pending:
+                // the newer run decides about them.
+                self.pending = None;
+                self.fenced = Some(e);
+            }
             Err(e) => {
                 self.pending = Some(p);
                 self.abort_pending(format!("writing its metadata failed: {e}")).await;
@@ -452,9 +528,11 @@ impl Coordinator {
         if let Some(ask) = p.request.take() {
             self.cfg.savepoints.fail(&ask.request_id, format!("savepoint {} failed: {reason}", p.id));
         }
+        // The owner record stays, so that no later run reuses the id while a
+        // straggling state write of this one may still land in it.
         let dir = self.cfg.storage.dir(&p.dir);
         tokio::spawn(async move {
-            let _ = dir.delete_all().await;
+            let _ = dir.delete_all_but(Some("_owner")).await;
         });
         if p.is_final {
             // Sources have already ended after the final barrier; the run
@@ -472,6 +550,16 @@ mod tests {
     use crate::worker::protocol::{connect, framed, recv, send};
     use std::sync::{Arc, Mutex};
 
+    /// The next message to the worker that is not a heartbeat.
+    async fn recv_skipping_heartbeats(conn: &mut crate::worker::protocol::ControlStream) -> Result<Option<ToWorker>> {
+        loop {
+            match recv::<ToWorker>(conn, "c").await? {
+                Some(ToWorker::Heartbeat) => continue,
+                other => return Ok(other),
+            }
+        }
+    }
+
     /// Plays one worker hosting the only subtask, against a real coordinator.
     #[tokio::test]
     async fn a_checkpoint_that_times_out_is_abandoned_and_the_next_one_completes() {
@@ -479,9 +567,11 @@ mod tests {
         let storage = CheckpointStorage::open(dir.path().to_str().unwrap(), "job", true).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let claim = storage.claim_run("r").await.unwrap();
         let cfg = CoordinatorConfig {
             job: "job".into(),
             run_id: "r".into(),
+            run_proof: String::new(),
             parallelism: 1,
             max_parallelism: 8,
             stages: 1,
@@ -493,24 +583,25 @@ mod tests {
             savepoints: SavepointBook::default(),
             restored_from: None,
             end_after_stop: false,
+            claim: claim.clone(),
         };
         let status = Arc::new(Mutex::new(JobStatus::default()));
         let (_api_tx, api_rx) = mpsc::channel(1);
         let coordinator = tokio::spawn(run(cfg, listener, api_rx, status.clone()));
 
         let mut conn = framed(connect(addr, Duration::from_secs(5)).await.unwrap());
-        send(&mut conn, &ToCoordinator::Hello { worker: 0, run_id: "r".into(), restored_from: None }, "c").await.unwrap();
+        send(&mut conn, &ToCoordinator::Hello { worker: 0, run_id: "r".into(), restored_from: None, proof: String::new() }, "c").await.unwrap();
         send(&mut conn, &ToCoordinator::Ready, "c").await.unwrap();
-        assert!(matches!(recv::<ToWorker>(&mut conn, "c").await.unwrap(), Some(ToWorker::Start)));
-        let Some(ToWorker::Trigger(first)) = recv::<ToWorker>(&mut conn, "c").await.unwrap() else { panic!("no trigger") };
+        assert!(matches!(recv_skipping_heartbeats(&mut conn).await.unwrap(), Some(ToWorker::Start)));
+        let Some(ToWorker::Trigger(first)) = recv_skipping_heartbeats(&mut conn).await.unwrap() else { panic!("no trigger") };
         // No acknowledgement: the checkpoint must be abandoned, not waited for forever.
-        let abandoned = recv::<ToWorker>(&mut conn, "c").await.unwrap();
+        let abandoned = recv_skipping_heartbeats(&mut conn).await.unwrap();
         assert!(matches!(abandoned, Some(ToWorker::Abort { checkpoint_id }) if checkpoint_id == first.checkpoint_id), "{abandoned:?}");
-        let Some(ToWorker::Trigger(second)) = recv::<ToWorker>(&mut conn, "c").await.unwrap() else { panic!("no second trigger") };
+        let Some(ToWorker::Trigger(second)) = recv_skipping_heartbeats(&mut conn).await.unwrap() else { panic!("no second trigger") };
         assert!(second.checkpoint_id > first.checkpoint_id);
         let ack = SubtaskAck { stage: 0, subtask: 0, operators: vec![] };
         send(&mut conn, &ToCoordinator::Ack { checkpoint_id: second.checkpoint_id, ack }, "c").await.unwrap();
-        let done = recv::<ToWorker>(&mut conn, "c").await.unwrap();
+        let done = recv_skipping_heartbeats(&mut conn).await.unwrap();
         assert!(matches!(done, Some(ToWorker::Complete { checkpoint_id }) if checkpoint_id == second.checkpoint_id), "{done:?}");
         let latest = storage.latest().await.unwrap().unwrap();
         assert_eq!(latest.read_metadata().await.unwrap().checkpoint_id, second.checkpoint_id);
@@ -532,9 +623,11 @@ mod tests {
         let storage = CheckpointStorage::open(dir.path().to_str().unwrap(), "job", true).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let claim = storage.claim_run("r").await.unwrap();
         let cfg = CoordinatorConfig {
             job: "job".into(),
             run_id: "r".into(),
+            run_proof: String::new(),
             parallelism: 2,
             max_parallelism: 8,
             stages: 1,
@@ -546,11 +639,12 @@ mod tests {
             savepoints: SavepointBook::default(),
             restored_from: Some("/s/job/checkpoints/chk-4".into()),
             end_after_stop: false,
+            claim: claim.clone(),
         };
         let (_api_tx, api_rx) = mpsc::channel(1);
         let coordinator = tokio::spawn(run(cfg, listener, api_rx, Arc::new(Mutex::new(JobStatus::default()))));
         let mut conn = framed(connect(addr, Duration::from_secs(5)).await.unwrap());
-        let hello = ToCoordinator::Hello { worker: 1, run_id: "r".into(), restored_from: Some("/s/job/checkpoints/chk-5".into()) };
+        let hello = ToCoordinator::Hello { worker: 1, run_id: "r".into(), restored_from: Some("/s/job/checkpoints/chk-5".into()), proof: String::new() };
         send(&mut conn, &hello, "c").await.unwrap();
         let result = tokio::time::timeout(Duration::from_secs(5), coordinator).await.unwrap().unwrap();
         let e = result.unwrap_err().to_string();
@@ -564,9 +658,11 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let book = SavepointBook::default();
+        let claim = storage.claim_run("r").await.unwrap();
         let cfg = CoordinatorConfig {
             job: "job".into(),
             run_id: "r".into(),
+            run_proof: String::new(),
             parallelism: 1,
             max_parallelism: 8,
             stages: 1,
@@ -578,18 +674,19 @@ mod tests {
             savepoints: book.clone(),
             restored_from: None,
             end_after_stop: false,
+            claim: claim.clone(),
         };
         let (api_tx, api_rx) = mpsc::channel(4);
         let _coordinator = tokio::spawn(run(cfg, listener, api_rx, Arc::new(Mutex::new(JobStatus::default()))));
         let mut conn = framed(connect(addr, Duration::from_secs(5)).await.unwrap());
-        send(&mut conn, &ToCoordinator::Hello { worker: 0, run_id: "r".into(), restored_from: None }, "c").await.unwrap();
+        send(&mut conn, &ToCoordinator::Hello { worker: 0, run_id: "r".into(), restored_from: None, proof: String::new() }, "c").await.unwrap();
         send(&mut conn, &ToCoordinator::Ready, "c").await.unwrap();
-        assert!(matches!(recv::<ToWorker>(&mut conn, "c").await.unwrap(), Some(ToWorker::Start)));
+        assert!(matches!(recv_skipping_heartbeats(&mut conn).await.unwrap(), Some(ToWorker::Start)));
         assert!(matches!(book.admit("stop-1"), crate::checkpoint::savepoints::Admission::New(_)));
         api_tx.send(ApiRequest::Savepoint { request_id: "stop-1".into(), stop: true }).await.unwrap();
         // Acknowledge every snapshot (periodic checkpoints may come first) until the savepoint.
         loop {
-            match recv::<ToWorker>(&mut conn, "c").await.unwrap() {
+            match recv_skipping_heartbeats(&mut conn).await.unwrap() {
                 Some(ToWorker::Trigger(b)) => {
                     let ack = SubtaskAck { stage: 0, subtask: 0, operators: vec![] };
                     send(&mut conn, &ToCoordinator::Ack { checkpoint_id: b.checkpoint_id, ack }, "c").await.unwrap();
@@ -604,7 +701,7 @@ mod tests {
         // Many intervals pass without another trigger.
         let quiet = tokio::time::timeout(Duration::from_millis(300), async {
             loop {
-                match recv::<ToWorker>(&mut conn, "c").await.unwrap() {
+                match recv_skipping_heartbeats(&mut conn).await.unwrap() {
                     Some(ToWorker::Complete { .. }) => {}
                     other => return other,
                 }

@@ -2,11 +2,13 @@
 //! who decides when one is taken and complete (the coordinator).
 
 pub mod coordinator;
+pub mod lineage;
 pub mod metadata;
 pub mod s3;
 pub mod savepoints;
 pub mod storage;
 
 pub use metadata::{now_unix_ms, CheckpointMetadata, OperatorSubtaskState, SnapshotKind, StateFile, SubtaskAck};
+pub use lineage::RunClaim;
 pub use savepoints::SavepointBook;
 pub use storage::{CheckpointStorage, Location};

@@ -6,16 +6,17 @@
 //!
 //! ```text
 //! checkpoints/chk-<id>/<operator>-<subtask>.arrow   keyed state (Arrow IPC)
+//! checkpoints/chk-<id>/_owner                        the run that may write here (create-only, first)
 //! checkpoints/chk-<id>/_metadata                     written last
-//! checkpoints/_latest                                the latest completed checkpoint's dir name
+//! lineage/<epoch>/{claim,start,chk-<id>}             runs, their fence and "latest" (see `lineage.rs`)
 //! savepoints/sp-<id>-<unix ms>/...                   same layout, never deleted by weir
 //! run.json                                           how to reach the running job (local mode; 0600)
 //! run.lock                                           held by the one `weir run` of the job (local mode)
 //! ```
 //!
-//! Durability: on local disk, every state file, `_metadata` and `_latest` is
+//! Durability: on local disk, every state file, `_metadata` and lineage record is
 //! fsynced (file and directory) before the next step relies on it, because
-//! sinks fsync their commits: after a power loss `_latest` must never lag
+//! sinks fsync their commits: after a power loss the lineage must never lag
 //! output that was already published on its strength.
 
 use std::sync::Arc;
@@ -27,10 +28,9 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use serde::Serialize;
 
+use super::lineage::RunClaim;
 use super::metadata::{now_unix_ms, CheckpointMetadata, SnapshotKind, StateFile, METADATA_FILE};
 use crate::error::{Error, Result};
-
-const LATEST: &str = "checkpoints/_latest";
 
 /// A directory in some object store.
 #[derive(Clone)]
@@ -103,6 +103,11 @@ impl Location {
     /// its directory are fsynced, so the write survives a power loss.
     pub async fn put_durable(&self, name: &str, bytes: Vec<u8>) -> Result<()> {
         self.put(name, bytes).await?;
+        self.sync_local(name).await
+    }
+
+    /// On local disk, fsyncs an object written a moment ago and its directory.
+    pub(super) async fn sync_local(&self, name: &str) -> Result<()> {
         let Some(dir) = &self.local else { return Ok(()) };
         let file = dir.join(name);
         let context = format!("{}/{name}", self.display);
@@ -143,6 +148,10 @@ impl Location {
 
     fn path(&self, name: &str) -> Path {
         join(&self.prefix, name)
+    }
+
+    pub(super) fn object_path(&self, name: &str) -> Path {
+        self.path(name)
     }
 
     pub async fn put(&self, name: &str, bytes: Vec<u8>) -> Result<()> {
@@ -203,13 +212,19 @@ impl Location {
     }
 
     pub async fn delete_all(&self) -> Result<()> {
+        self.delete_all_but(None).await
+    }
+
+    /// Deletes everything under this directory except the object `keep`.
+    pub async fn delete_all_but(&self, keep: Option<&str>) -> Result<()> {
         let objects: Vec<_> = self
             .store
             .list(Some(&self.prefix))
             .try_collect()
             .await
             .map_err(Error::storage(self.display.clone()))?;
-        for o in objects {
+        let keep = keep.map(|k| self.path(k));
+        for o in objects.into_iter().filter(|o| Some(&o.location) != keep.as_ref()) {
             self.store.delete(&o.location).await.map_err(Error::storage(self.display.clone()))?;
         }
         Ok(())
@@ -289,64 +304,30 @@ impl CheckpointStorage {
         self.job_root.child(rel)
     }
 
-    /// Completes a checkpoint: metadata last, then (for checkpoints) the latest pointer.
-    pub async fn complete(&self, rel_dir: &str, meta: &CheckpointMetadata) -> Result<Location> {
+    /// Completes a snapshot for `claim`'s run: metadata last, then (for
+    /// checkpoints) the lineage record. Fails with [`Error::Fenced`], before
+    /// or after writing, once a newer run has claimed the job; the caller must
+    /// then not let any sink commit.
+    pub async fn complete(&self, rel_dir: &str, meta: &CheckpointMetadata, claim: &RunClaim) -> Result<Location> {
+        self.check_fence(claim).await?;
         let dir = self.dir(rel_dir);
         dir.put_durable(METADATA_FILE, meta.encode()).await?;
-        if meta.kind == SnapshotKind::Checkpoint {
-            self.job_root.put_durable(LATEST, format!("{rel_dir}\n").into_bytes()).await?;
+        match meta.kind {
+            SnapshotKind::Checkpoint => self.record_completed(claim, meta.checkpoint_id, rel_dir).await?,
+            SnapshotKind::Savepoint => self.check_fence(claim).await?,
         }
         Ok(dir)
     }
 
-    /// Starts a new lineage: `latest` resolves to nothing until the new run
-    /// completes a checkpoint. A run that starts fresh calls this before
-    /// anything else, so that a restart after a crash before its first
-    /// checkpoint starts it from the beginning again instead of from a
-    /// previous run's state (whose output may be long gone). The old
-    /// checkpoints stay restorable by path.
-    pub async fn clear_latest(&self) -> Result<()> {
-        self.job_root.delete(LATEST).await?;
-        if let Some(dir) = &self.job_root.local {
-            let checkpoints = dir.join("checkpoints");
-            if let Ok(d) = std::fs::File::open(&checkpoints) {
-                d.sync_all().map_err(Error::io(format!("syncing {}", checkpoints.display())))?;
-            }
-        }
-        Ok(())
-    }
-
-    /// The newest state of the job's lineage: the latest completed checkpoint,
-    /// or the snapshot the current run restored from if it has completed none
-    /// since (see [`Self::mark_restored`]).
+    /// The newest state of the job's lineage: the latest checkpoint the
+    /// newest started run completed, or the snapshot that run began from
+    /// (see [`Self::begin_lineage`]); `None` when it began fresh.
     pub async fn latest(&self) -> Result<Option<Location>> {
-        let Some(bytes) = self.job_root.get(LATEST).await? else { return Ok(None) };
-        let rel = String::from_utf8_lossy(&bytes).trim().to_string();
+        let Some(rel) = self.latest_pointer().await? else { return Ok(None) };
         if rel.starts_with("checkpoints/chk-") || rel.starts_with("savepoints/sp-") {
             return Ok(Some(self.dir(&rel)));
         }
-        if rel.starts_with('/') || rel.contains("://") {
-            return Location::parse(&rel, false).map(Some);
-        }
-        Err(Error::BadCheckpoint {
-            location: format!("{}/{LATEST}", self.job_root.display),
-            message: format!("the latest-checkpoint pointer is corrupted (`{rel}`)"),
-        })
-    }
-
-    /// Points `latest` at the snapshot a run restores from, before the run
-    /// commits that snapshot's pending sink files. From then on the snapshot's
-    /// output is committed, so a later restore of "latest" must not go back
-    /// to an older checkpoint (it would commit the same records again): a
-    /// savepoint restored after a suspension or an upgrade, or an initial
-    /// savepoint from elsewhere, becomes the lineage's latest state.
-    pub async fn mark_restored(&self, location: &Location) -> Result<()> {
-        let root = format!("{}/", self.job_root.display.trim_end_matches('/'));
-        let pointer = match location.display.strip_prefix(&root) {
-            Some(rel) if rel.starts_with("checkpoints/chk-") || rel.starts_with("savepoints/sp-") => rel.to_string(),
-            _ => location.display.clone(),
-        };
-        self.job_root.put_durable(LATEST, format!("{pointer}\n").into_bytes()).await
+        Location::parse(&rel, false).map(Some)
     }
 
     /// Every checkpoint and savepoint directory, oldest first.
@@ -357,7 +338,7 @@ impl CheckpointStorage {
     /// Every checkpoint and savepoint directory, oldest first, with the
     /// metadata of the complete ones.
     pub async fn list_with_metadata(&self) -> Result<Vec<(SnapshotInfo, Option<CheckpointMetadata>)>> {
-        let latest = self.job_root.get(LATEST).await?.map(|b| String::from_utf8_lossy(&b).trim().to_string());
+        let latest = self.latest_pointer().await?;
         let mut out = Vec::new();
         for (sub, kind, prefix) in [("checkpoints", SnapshotKind::Checkpoint, "chk-"), ("savepoints", SnapshotKind::Savepoint, "sp-")] {
             for name in self.job_root.list_dirs(sub).await? {

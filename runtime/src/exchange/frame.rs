@@ -40,6 +40,10 @@ pub struct Hello {
     pub stage: usize,
     pub from: u32,
     pub to: u32,
+    /// The run's proof (`worker::protocol::run_proof`): only a process of
+    /// this run can open one of its data connections.
+    #[serde(default)]
+    pub proof: String,
 }
 
 pub fn encode_hello(h: &Hello) -> Bytes {

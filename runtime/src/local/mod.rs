@@ -5,6 +5,7 @@
 
 mod progress;
 mod run_info;
+mod run_lease;
 mod run_lock;
 mod supervisor;
 

@@ -11,9 +11,9 @@
 //! cannot start while an old worker could still write a checkpoint or commit
 //! output. The file's content only names the holder, for the refusal message.
 //!
-//! Deliberately local: object stores have no such lock. Fencing on shared
-//! storage (a run epoch claimed by conditional writes) is the operator's
-//! concern and lives elsewhere.
+//! Deliberately local: object stores have no such lock. On shared storage a
+//! lease refuses a second run (`run_lease.rs`), and the run fence in storage
+//! (`checkpoint/lineage.rs`) keeps any superseded run from committing.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};

@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 
 use super::progress::Progress;
 use super::run_info::RunInfo;
+use super::run_lease::RunLease;
 use super::run_lock::{Holder, RunLock};
 use crate::checkpoint::{CheckpointStorage, Location};
 
@@ -109,10 +110,16 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
     // (or nothing, for a fresh start) until it completes a checkpoint, so a
     // restart after a crash resumes this run's own history, never the state
     // a previous run left behind.
-    match &restore {
-        Some(loc) => storage.mark_restored(loc).await?,
-        None => storage.clear_latest().await?,
-    }
+    // Shared storage has no kernel lock: a lease there refuses a second
+    // `weir run` of the job while this one lives.
+    let mut lease = match &storage.job_root.local {
+        None => Some(RunLease::acquire(&storage, &spec.name, &random_hex(8)).await?),
+        Some(_) => None,
+    };
+    // The supervisor claims a run epoch of its own for this: each attempt's
+    // worker 0 claims the next one, and begins from what it is given.
+    let claim = storage.claim_run(&format!("weir-run-{}", random_hex(4))).await?;
+    storage.begin_lineage(&claim, restore.as_ref()).await?;
 
     let workers = opts.workers.unwrap_or(spec.parallelism).clamp(1, spec.parallelism);
     let guarantee = spec.guarantee();
@@ -168,6 +175,7 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
                 .arg("--parallelism")
                 .arg(spec.parallelism.to_string())
                 .args(crate::checkpoint::s3::settings().to_args())
+                .arg(format!("--heartbeat-timeout={}ms", crate::worker::protocol::heartbeat_timeout().as_millis()))
                 .env("WEIR_CONTROL_TOKEN", &token)
                 .stdin(Stdio::null())
                 .kill_on_drop(true);
@@ -216,10 +224,17 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
                     Some(b) => serde_json::from_slice(&b).unwrap_or(last_polled),
                     None => last_polled,
                 };
+                release(&mut lease).await;
                 return Ok(RunSummary { status, restarts, elapsed: started.elapsed() });
             }
-            Outcome::Interrupted => return Err(Error::Job("interrupted".into())),
-            Outcome::Fatal(msg) => return Err(Error::Fatal(msg)),
+            Outcome::Interrupted => {
+                release(&mut lease).await;
+                return Err(Error::Job("interrupted".into()));
+            }
+            Outcome::Fatal(msg) => {
+                release(&mut lease).await;
+                return Err(Error::Fatal(msg));
+            }
             Outcome::Failed(msg) => {
                 restarts += 1;
                 attempt += 1;
@@ -238,6 +253,12 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
                 tokio::time::sleep(backoff).await;
             }
         }
+    }
+}
+
+async fn release(lease: &mut Option<RunLease>) {
+    if let Some(l) = lease.take() {
+        l.release().await;
     }
 }
 

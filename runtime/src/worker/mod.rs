@@ -57,6 +57,9 @@ pub struct WorkerConfig {
     pub state_dir: String,
     pub restore: Option<RestoreFrom>,
     pub allow_non_restored_state: bool,
+    /// `--restore latest` of a storage without any state of the job fails
+    /// instead of starting fresh (see `weir worker --expect-state`).
+    pub expect_state: bool,
     /// Relative paths of sources and sinks are resolved against this directory.
     pub base_dir: PathBuf,
     pub token: String,
@@ -73,7 +76,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     let (p, max_p) = (spec.parallelism, spec.max_parallelism);
     let index = cfg.index;
     let storage = CheckpointStorage::open(&cfg.state_dir, &spec.name, true)?;
-    let restored = restore_state(cfg, &storage).await?;
+    let (restored, claim) = restore_state(cfg, &storage, &cluster.run_id).await?;
     let restored_from = restored.as_ref().map(|r| r.location.display.clone());
     {
         let status = control.status();
@@ -91,6 +94,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
 
     let mut coordinator_task = None;
     if index == 0 {
+        let Some(claim) = claim else { return Err(Error::Job("worker 0 started without a claim on the job's state".into())) };
         let control_listener = bind(cluster.coordinator).await?;
         let (api_tx, api_rx) = mpsc::channel(16);
         control.serve_savepoints(api_tx);
@@ -98,6 +102,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
         let ccfg = CoordinatorConfig {
             job: spec.name.clone(),
             run_id: cluster.run_id.clone(),
+            run_proof: protocol::run_proof(&cfg.token, &cluster.run_id),
             parallelism: p,
             max_parallelism: max_p,
             stages: plan.stage_count(),
@@ -109,6 +114,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
             savepoints: control.savepoint_book(),
             restored_from: restored_from.clone(),
             end_after_stop: matches!(cfg.placement, Placement::Local(_)),
+            claim,
         };
         coordinator_task = Some(tokio::spawn(coordinator::run(ccfg, control_listener, api_rx, status)));
     } else {
@@ -121,7 +127,8 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     let coordinator_peer = cluster.coordinator.to_string();
     let conn = protocol::connect(cluster.coordinator, CONNECT_WITHIN).await?;
     let mut conn = framed(conn);
-    send(&mut conn, &ToCoordinator::Hello { worker: index, run_id: cluster.run_id.clone(), restored_from }, &coordinator_peer).await?;
+    let proof = protocol::run_proof(&cfg.token, &cluster.run_id);
+    send(&mut conn, &ToCoordinator::Hello { worker: index, run_id: cluster.run_id.clone(), restored_from, proof: proof.clone() }, &coordinator_peer).await?;
     let (mut conn_tx, mut conn_rx) = conn.split::<bytes::Bytes>();
     let (to_coord, mut to_coord_rx) = mpsc::unbounded_channel::<ToCoordinator>();
     tokio::spawn(async move {
@@ -130,6 +137,12 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
             if conn_tx.send(bytes::Bytes::from(bytes)).await.is_err() {
                 break;
             }
+        }
+    });
+    let heartbeats = to_coord.clone();
+    tokio::spawn(async move {
+        while heartbeats.send(ToCoordinator::Heartbeat).is_ok() {
+            tokio::time::sleep(protocol::heartbeat_interval()).await;
         }
     });
     let hosted: Vec<u32> = (0..p).filter(|s| cluster.worker_of(*s) == index).collect();
@@ -152,12 +165,17 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
         let mut start_tx = Some(start_tx);
         tokio::spawn(async move {
             loop {
-                let msg = match conn_rx.next().await {
+                let Ok(next) = tokio::time::timeout(protocol::heartbeat_timeout(), conn_rx.next()).await else {
+                    let _ = lost_tx.send(format!("lost the coordinator: {}", protocol::silence(&coordinator_peer))).await;
+                    return;
+                };
+                let msg = match next {
                     Some(Ok(frame)) => serde_json::from_slice::<ToWorker>(&frame).map_err(|e| e.to_string()),
                     Some(Err(e)) => Err(e.to_string()),
                     None => Err("connection closed".into()),
                 };
                 match msg {
+                    Ok(ToWorker::Heartbeat) => {}
                     Ok(ToWorker::Start) => {
                         if let Some(tx) = start_tx.take() {
                             let _ = tx.send(());
@@ -212,7 +230,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     let expected_remote = remote_routes.len();
     let (accepted_tx, mut accepted_rx) = mpsc::unbounded_channel::<Result<()>>();
     let input_schemas: Vec<_> = plan.stages.iter().map(|s| s.input_schema.clone()).collect();
-    tokio::spawn(accept_data(data_listener, cluster.run_id.clone(), remote_routes, input_schemas, accepted_tx));
+    tokio::spawn(accept_data(data_listener, cluster.run_id.clone(), proof.clone(), remote_routes, input_schemas, accepted_tx));
 
     // Why a data connection's writer gave up, when it was not the network: a
     // record it cannot encode fails the worker with that error, not with the
@@ -235,7 +253,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                     let addr = cluster.workers[w as usize];
                     let stream = protocol::connect(addr, CONNECT_WITHIN).await?;
                     let mut out = FramedWrite::new(stream, codec());
-                    let hello = Hello { run_id: cluster.run_id.clone(), stage: stage + 1, from: i, to: j };
+                    let hello = Hello { run_id: cluster.run_id.clone(), stage: stage + 1, from: i, to: j, proof: proof.clone() };
                     out.send(encode_hello(&hello)).await.map_err(|e| Error::Network { peer: addr.to_string(), message: e.to_string() })?;
                     let (tx, mut rx) = mpsc::channel::<Message>(CHANNEL_CAPACITY);
                     let mut encoder = FrameEncoder::new(&schema)?;
@@ -458,6 +476,7 @@ async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener> {
 async fn accept_data(
     listener: TcpListener,
     run_id: String,
+    proof: String,
     routes: Routes,
     input_schemas: Vec<arrow::datatypes::SchemaRef>,
     accepted: mpsc::UnboundedSender<Result<()>>,
@@ -470,6 +489,7 @@ async fn accept_data(
         let routes = routes.clone();
         let accepted = accepted.clone();
         let run_id = run_id.clone();
+        let proof = proof.clone();
         let input_schemas = input_schemas.clone();
         tokio::spawn(async move {
             let peer = peer.to_string();
@@ -486,6 +506,12 @@ async fn accept_data(
             };
             if hello.run_id != run_id {
                 tracing::warn!(%peer, "rejected a data connection of another run");
+                return;
+            }
+            // Checked before the channel is looked at: a stranger must not be
+            // able to fail the run by naming a channel that does not exist.
+            if !protocol::proof_matches(&proof, &hello.proof) {
+                tracing::warn!(%peer, "rejected a data connection without this run's proof");
                 return;
             }
             let tx = routes.lock().ok().and_then(|mut r| r.remove(&(hello.stage, hello.to, hello.from)));

@@ -2,6 +2,8 @@
 //! length-delimited frames over one TCP connection per worker.
 
 use std::net::SocketAddr;
+use std::sync::OnceLock;
+use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
 use serde::{Deserialize, Serialize};
@@ -26,6 +28,9 @@ pub enum ToCoordinator {
         run_id: String,
         #[serde(default)]
         restored_from: Option<String>,
+        /// The run's proof (see [`run_proof`]).
+        #[serde(default)]
+        proof: String,
     },
     Ready,
     Ack { checkpoint_id: u64, ack: SubtaskAck },
@@ -38,10 +43,15 @@ pub enum ToCoordinator {
         records_skipped: u64,
     },
     Finished,
+    /// Sent every [`heartbeat_interval`]: a worker that sends nothing for
+    /// [`heartbeat_timeout`] is frozen, cut off or on a lost node.
+    Heartbeat,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum ToWorker {
+    /// The coordinator's side of the heartbeat.
+    Heartbeat,
     Start,
     Trigger(Barrier),
     Complete { checkpoint_id: u64 },
@@ -50,6 +60,55 @@ pub enum ToWorker {
     /// The job was stopped with savepoint `savepoint_id` and ends here
     /// (local mode): stop processing, commit nothing more, exit 0.
     Stopped { savepoint_id: u64 },
+}
+
+/// Proof that a connection comes from a process of run `run_id`: HMAC-SHA256
+/// of the run id under the job's control token, which only the job's own
+/// pods (from its Secret) and the operator hold. Another job's pods, any
+/// other pod, and a process of an earlier run of this job cannot make it;
+/// the token itself never crosses the data network.
+pub fn run_proof(token: &str, run_id: &str) -> String {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, token.as_bytes());
+    let tag = ring::hmac::sign(&key, format!("weir-run:{run_id}").as_bytes());
+    tag.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Compares proofs in constant time.
+pub fn proof_matches(expected: &str, given: &str) -> bool {
+    let (a, b) = (expected.as_bytes(), given.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// How long a peer on the control connection may send nothing before it
+/// counts as lost, unless configured (`--heartbeat-timeout`).
+pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
+
+static HEARTBEAT_TIMEOUT: OnceLock<Duration> = OnceLock::new();
+
+/// Sets this process's heartbeat timeout; the first call wins (`main`).
+pub fn configure_heartbeat_timeout(timeout: Duration) {
+    let _ = HEARTBEAT_TIMEOUT.set(timeout);
+}
+
+/// A worker or coordinator that sends nothing for this long is lost: the
+/// run fails and is restored, without waiting for a TCP timeout (minutes)
+/// or, on Kubernetes, for the node controller (40 s) and eviction (5 min).
+pub fn heartbeat_timeout() -> Duration {
+    HEARTBEAT_TIMEOUT.get().copied().unwrap_or(DEFAULT_HEARTBEAT_TIMEOUT)
+}
+
+/// How often each side sends a heartbeat: five per timeout, so that one
+/// late message is no failure.
+pub fn heartbeat_interval() -> Duration {
+    (heartbeat_timeout() / 5).max(Duration::from_millis(20))
+}
+
+/// Why a silent peer counts as lost, for the run's failure message.
+pub fn silence(peer: &str) -> String {
+    format!(
+        "{peer} sent nothing for {:.1}s (the heartbeat timeout): it is frozen, cut off, or its node is lost",
+        heartbeat_timeout().as_secs_f64()
+    )
 }
 
 pub type ControlStream = Framed<TcpStream, tokio_util::codec::LengthDelimitedCodec>;

@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 
 use super::restore::RestoredState;
 use super::{bind, run_job, Cluster, WorkerConfig};
-use crate::checkpoint::CheckpointStorage;
+use crate::checkpoint::{CheckpointStorage, RunClaim};
 use crate::control::{self, Control, JobStatus};
 use crate::error::{Error, Result};
 
@@ -83,31 +83,52 @@ fn humane(d: Duration) -> String {
 
 /// Resolves `--restore` now that the run is known: `latest` means the latest
 /// completed checkpoint at this moment, fresh when there is none.
-pub(super) async fn restore_state(cfg: &WorkerConfig, storage: &CheckpointStorage) -> Result<Option<RestoredState>> {
+///
+/// Worker 0 first claims the run's epoch (the fence, `checkpoint/lineage.rs`)
+/// and only then resolves: a run it supersedes can complete no checkpoint it
+/// would not see. It returns the claim, which its coordinator holds.
+pub(super) async fn restore_state(cfg: &WorkerConfig, storage: &CheckpointStorage, run_id: &str) -> Result<(Option<RestoredState>, Option<RunClaim>)> {
+    // Asked before the claim, which is itself a trace of the job.
+    let had_state = !cfg.expect_state || storage.has_lineage().await?;
+    let claim = if cfg.index == 0 { Some(storage.claim_run(run_id).await?) } else { None };
     let Some(from) = &cfg.restore else {
         // A fresh start begins a new lineage: a restart of this run with
         // `--restore latest` before its first checkpoint must start from the
         // beginning again, not from an older run's state.
-        if cfg.index == 0 {
-            storage.clear_latest().await?;
+        if let Some(claim) = &claim {
+            storage.begin_lineage(claim, None).await?;
         }
-        return Ok(None);
+        return Ok((None, claim));
     };
     let Some(location) = from.resolve(storage).await? else {
+        if !had_state {
+            return Err(Error::BadCheckpoint {
+                location: storage.job_root.display.clone(),
+                message: "the job has completed checkpoints, but this storage holds no state of it at all (no lineage, no checkpoint): \
+                          was the storage lost or emptied, or does the job point at the wrong bucket, prefix or credentials? \
+                          Starting from scratch would reprocess and republish everything, so the job stops here; \
+                          restore it from a savepoint or checkpoint location, or create it anew to start fresh"
+                    .into(),
+            });
+        }
         tracing::info!(worker = cfg.index, "no completed checkpoint in {}; starting fresh", storage.job_root.display);
-        return Ok(None);
+        if let Some(claim) = &claim {
+            storage.begin_lineage(claim, None).await?;
+        }
+        return Ok((None, claim));
     };
     let r = RestoredState::load(location).await?;
     r.check_compatible(&cfg.plan, cfg.allow_non_restored_state)?;
-    // Worker 0 moves the pointer before any sink commits the snapshot's
-    // pending files (sinks commit only after the coordinator it hosts starts
-    // the run), and only once every state file has been read and checked: a
-    // damaged snapshot must fail the restore without becoming `latest`.
-    if cfg.index == 0 {
+    // Worker 0 starts the lineage at this snapshot before any sink commits
+    // its pending files (sinks commit only after the coordinator it hosts
+    // starts the run), and only once every state file has been read and
+    // checked: a damaged snapshot must fail the restore without becoming
+    // `latest`.
+    if let Some(claim) = &claim {
         r.verify_state_files().await?;
-        storage.mark_restored(&r.location).await?;
+        storage.begin_lineage(claim, Some(&r.location)).await?;
     }
     tracing::info!(worker = cfg.index, checkpoint = r.meta.checkpoint_id, location = %r.location.display, "restoring");
-    Ok(Some(r))
+    Ok((Some(r), claim))
 }
 

@@ -66,6 +66,15 @@ impl Job {
         }
     }
 
+    /// The location of the lineage's latest snapshot, as `weir checkpoints
+    /// list --json` marks it; `None` when the lineage has none.
+    pub fn latest(&self) -> Option<String> {
+        let out = self.weir(&["checkpoints", "list", "--json", "--state-dir", &self.state]).output().unwrap();
+        assert!(out.status.success(), "weir checkpoints list failed: {}", stderr(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        v.as_array()?.iter().map(|e| &e["snapshot"]).find(|s| s["is_latest"].as_bool() == Some(true)).and_then(|s| s["location"].as_str().map(String::from))
+    }
+
     /// `--state-dir STATE`, for any command that reads the job's state.
     pub fn state_args(&self) -> [&str; 2] {
         ["--state-dir", &self.state]
