@@ -26,6 +26,13 @@ const START_FAILURES: &[&str] = &["InvalidImageName", "ErrImageNeverPull", "Cras
 /// that, restarting the whole job would cost more than the wait.
 const START_TROUBLE: &[&str] = &["ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError", "CreateContainerError"];
 
+/// How long after its deletion was requested a pod of an earlier run may
+/// still be there before the next run stops waiting for it. A worker exits
+/// within a second of SIGTERM; one that has not after this long is on a
+/// lost or cut-off node, or frozen. Not waiting is safe because of the run
+/// fence in storage, which such a pod can never pass.
+pub const ABANDON_AFTER: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// How long a worker pod may be stuck on a [`START_TROUBLE`] reason, counted
 /// from the pod's creation or, when later, its scheduling, before its run
 /// counts as failed.
@@ -54,6 +61,11 @@ pub struct PodView {
     /// Since when the pod has been trying to start: its creationTimestamp,
     /// or the time it was scheduled when that is later.
     pub created: Option<Timestamp>,
+    /// When its deletion was requested (deletionTimestamp minus the grace
+    /// period), if it is being deleted.
+    pub deletion_requested: Option<Timestamp>,
+    /// The node it was scheduled to.
+    pub node: Option<String>,
 }
 
 impl PodView {
@@ -78,7 +90,7 @@ impl PodView {
                 Some("Failed") => PodState::Failed {
                     reason: terminated
                         .as_ref()
-                        .and_then(|t| t.reason.clone())
+                        .and_then(termination_reason)
                         .or(status.reason.clone())
                         .unwrap_or_else(|| "Failed".into()),
                     exit_code: terminated.as_ref().map(|t| t.exit_code),
@@ -98,7 +110,7 @@ impl PodView {
                     // phase may lag behind the container state.
                     (_, Some(t)) if t.exit_code == 0 => PodState::Succeeded,
                     (_, Some(t)) => PodState::Failed {
-                        reason: t.reason.clone().unwrap_or_else(|| "Error".into()),
+                        reason: termination_reason(t).unwrap_or_else(|| "Error".into()),
                         exit_code: Some(t.exit_code),
                     },
                     _ if status.phase.as_deref() == Some("Running") => PodState::Running,
@@ -119,6 +131,11 @@ impl PodView {
             index: labels.get(WORKER_LABEL).and_then(|i| i.parse().ok()),
             ip,
             state,
+            node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            deletion_requested: pod.metadata.deletion_timestamp.as_ref().map(|t| {
+                let grace = pod.metadata.deletion_grace_period_seconds.unwrap_or(0).max(0);
+                t.0.checked_sub(jiff::SignedDuration::from_secs(grace)).unwrap_or(t.0)
+            }),
             // A pod that waited to be scheduled (a node being added) has
             // only been trying to start since it was scheduled.
             created: {
@@ -132,6 +149,16 @@ impl PodView {
                 created.max(scheduled)
             },
         }
+    }
+}
+
+/// The container's reason, with the worker's own words when it wrote them
+/// (a worker writes its error to the termination message before it exits).
+fn termination_reason(t: &k8s_openapi::api::core::v1::ContainerStateTerminated) -> Option<String> {
+    match (t.reason.as_deref(), t.message.as_deref().map(str::trim).filter(|m| !m.is_empty())) {
+        (Some(r), Some(m)) => Some(format!("{r}: {m}")),
+        (None, Some(m)) => Some(m.to_string()),
+        (r, None) => r.map(String::from),
     }
 }
 
@@ -185,9 +212,40 @@ impl Observed {
         Observed { now, pods: Vec::new(), coordinator: None, coordinator_error: None, savepoint: None, rejected: None }
     }
 
-    /// Pods that do not belong to `run` (an earlier run, or stray).
+    /// Pods that do not belong to `run` (an earlier run, or stray), except
+    /// the abandoned ones (see [`Self::abandoned_pods`]).
     pub fn pods_of_other_runs(&self, run: Option<&str>) -> usize {
-        self.pods.iter().filter(|p| p.run.as_deref() != run || run.is_none()).count()
+        self.pods.iter().filter(|p| p.run.as_deref() != run || run.is_none()).filter(|p| !self.is_abandoned(p)).count()
+    }
+
+    /// Pods of other runs than `run` whose deletion was requested more than
+    /// [`ABANDON_AFTER`] ago and that are still there.
+    pub fn abandoned_pods(&self, run: Option<&str>) -> Vec<String> {
+        let mut names: Vec<String> =
+            self.pods.iter().filter(|p| p.run.as_deref() != run || run.is_none()).filter(|p| self.is_abandoned(p)).map(|p| p.name.clone()).collect();
+        names.sort();
+        names
+    }
+
+    /// The nodes of the pods [`Self::abandoned_pods`] names.
+    pub fn abandoned_nodes(&self, run: Option<&str>) -> Vec<String> {
+        let abandoned = self.abandoned_pods(run);
+        let mut nodes: Vec<String> = self.pods.iter().filter(|p| abandoned.contains(&p.name)).filter_map(|p| p.node.clone()).collect();
+        nodes.sort();
+        nodes.dedup();
+        nodes
+    }
+
+    /// Pods of any run that are not abandoned.
+    pub fn live_pods(&self) -> usize {
+        self.pods.iter().filter(|p| !self.is_abandoned(p)).count()
+    }
+
+    fn is_abandoned(&self, pod: &PodView) -> bool {
+        pod.state == PodState::Terminating
+            && pod
+                .deletion_requested
+                .is_some_and(|t| std::time::Duration::try_from(self.now.duration_since(t)).is_ok_and(|waited| waited >= ABANDON_AFTER))
     }
 
     pub fn health(&self, run: &RunStatus) -> RunHealth {

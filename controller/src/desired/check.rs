@@ -65,6 +65,8 @@ pub fn check(job: &StreamJob, sink: &SinkSpec, settings: &WorkerSettings) -> Res
         started_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
         refusals: 0,
         last_refusal: None,
+        expect_state: false,
+        avoid_nodes: Vec::new(),
     };
     let pod = worker_pod(job, &run, 0, settings).map_err(|e| Refusal::invalid(e.to_string()))?;
     let storage = &job.spec.checkpoint.storage;

@@ -10,8 +10,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
-    ObjectFieldSelector, Pod, PodSecurityContext, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector,
+    Affinity, Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
+    NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, PreferredSchedulingTerm, Pod, PodSecurityContext, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector,
     SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -129,7 +129,7 @@ pub fn worker_pod(job: &StreamJob, run: &RunStatus, index: u32, settings: &Worke
     let mut tolerations = pod.tolerations.take().unwrap_or_default();
     tolerations.extend(spec.tolerations.iter().cloned());
     pod.tolerations = (!tolerations.is_empty()).then_some(tolerations);
-    pod.affinity = spec.affinity.clone().or(pod.affinity);
+    pod.affinity = avoid_nodes(spec.affinity.clone().or(pod.affinity), &run.avoid_nodes);
     pod.termination_grace_period_seconds = pod.termination_grace_period_seconds.or(Some(10));
     // Workers find each other by IP, never by Service environment variables.
     pod.enable_service_links = pod.enable_service_links.or(Some(false));
@@ -147,6 +147,24 @@ pub fn worker_pod(job: &StreamJob, run: &RunStatus, index: u32, settings: &Worke
         spec: Some(pod),
         status: None,
     })
+}
+
+/// Adds a strong preference against these nodes to the user's node
+/// affinity. A preference, not a requirement: a node is avoided because a
+/// pod there did not go away in time, which a lost node explains but so does
+/// a slow kubelet, and a requirement could leave the run unschedulable. By
+/// field (`metadata.name`), not by the hostname label, which need not equal
+/// the node's name.
+fn avoid_nodes(affinity: Option<Affinity>, nodes: &[String]) -> Option<Affinity> {
+    if nodes.is_empty() {
+        return affinity;
+    }
+    let exclude = NodeSelectorRequirement { key: "metadata.name".into(), operator: "NotIn".into(), values: Some(nodes.to_vec()) };
+    let mut affinity = affinity.unwrap_or_default();
+    let node_affinity = affinity.node_affinity.get_or_insert_with(Default::default);
+    let preferred = node_affinity.preferred_during_scheduling_ignored_during_execution.get_or_insert_with(Vec::new);
+    preferred.push(PreferredSchedulingTerm { weight: 100, preference: NodeSelectorTerm { match_fields: Some(vec![exclude]), ..Default::default() } });
+    Some(affinity)
 }
 
 /// The worker container: `base` (the template's `worker` container, or an
@@ -179,6 +197,9 @@ fn worker_container(job: &StreamJob, run: &RunStatus, index: u32, image: String,
     if let Some(from) = &run.restore_from {
         args.push("--restore".into());
         args.push(from.clone());
+    }
+    if run.expect_state {
+        args.push("--expect-state".into());
     }
     if spec.allow_non_restored_state {
         args.push("--allow-non-restored-state".into());

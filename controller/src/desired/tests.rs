@@ -17,6 +17,8 @@ fn run(restore: Option<&str>) -> RunStatus {
         started_at: Time(jiff::Timestamp::UNIX_EPOCH),
         refusals: 0,
         last_refusal: None,
+        expect_state: false,
+        avoid_nodes: Vec::new(),
     }
 }
 
@@ -30,6 +32,39 @@ fn worker(pod: &Pod) -> &k8s_openapi::api::core::v1::Container {
 
 fn env_value(c: &k8s_openapi::api::core::v1::Container, name: &str) -> Option<String> {
     c.env.as_ref().unwrap().iter().find(|e| e.name == name).map(|e| e.value.clone().unwrap_or_default())
+}
+
+/// A run after a node was lost: its workers must fail on empty storage
+/// rather than start fresh, and should not be placed on the lost node, whose
+/// kubelet cannot start them (it may still look Ready to the scheduler).
+#[test]
+fn a_run_after_a_lost_node_expects_state_and_prefers_other_nodes_keeping_the_users_affinity() {
+    let job = JobBuilder::new("wc")
+        .spec(|s| {
+            s.affinity = Some(serde_json::from_value(serde_json::json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]}
+            ]}}})).unwrap())
+        })
+        .build();
+    let mut r = run(Some("latest"));
+    r.expect_state = true;
+    r.avoid_nodes = vec!["node-1".into()];
+    let pod = worker_pod(&job, &r, 0, &settings()).unwrap();
+    let args = worker(&pod).args.clone().unwrap().join(" ");
+    assert!(args.contains("--restore latest --expect-state"), "{args}");
+    let node_affinity = pod.spec.unwrap().affinity.unwrap().node_affinity.unwrap();
+    assert_eq!(node_affinity.required_during_scheduling_ignored_during_execution.unwrap().node_selector_terms.len(), 2, "the user's requirement is kept as it was");
+    let preferred = node_affinity.preferred_during_scheduling_ignored_during_execution.unwrap();
+    assert_eq!(preferred.len(), 1);
+    assert_eq!(preferred[0].weight, 100);
+    let f = &preferred[0].preference.match_fields.as_ref().unwrap()[0];
+    assert_eq!((f.key.as_str(), f.operator.as_str(), f.values.clone().unwrap()), ("metadata.name", "NotIn", vec!["node-1".to_string()]));
+    // Without nodes to avoid, nothing is added.
+    let plain = JobBuilder::new("wc").build();
+    let pod = worker_pod(&plain, &run(None), 0, &settings()).unwrap();
+    assert!(pod.spec.as_ref().unwrap().affinity.is_none());
+    assert!(!worker(&pod).args.clone().unwrap().join(" ").contains("--expect-state"));
 }
 
 #[test]

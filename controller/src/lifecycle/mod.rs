@@ -227,6 +227,9 @@ pub fn decide(job: &StreamJob, obs: &Observed, settings: &WorkerSettings) -> Dec
             Some(Phase::Deleting) => Deleting::step(&cx, &mut st),
         }
     };
+    // Recorded on every reconcile, so that the list empties once they are gone.
+    // Any run's: a pod of the current run can be abandoned too (suspended beside a lost node).
+    st.abandoned_pods = obs.abandoned_pods(None);
     status::finish(&cx, st, before, step)
 }
 

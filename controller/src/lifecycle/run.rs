@@ -3,7 +3,10 @@
 //! start (`new_run`, written to status first), [`advance`] starts it.
 //!
 //! The one rule that keeps two runs from overlapping lives here: the pods of
-//! a new run are created only when no pod of any other run is left.
+//! a new run are created only when no pod of any other run is left, except
+//! pods abandoned on a lost node (still there `ABANDON_AFTER` after their
+//! deletion): those are recorded in status and not waited for, because the
+//! run fence in storage keeps a superseded run from committing anything.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -29,13 +32,17 @@ pub(super) fn new_run(cx: &Cx, st: &mut StreamJobStatus, restore_from: Option<St
         id: format!("{short}-{number}"),
         number,
         spec_hash: cx.spec_hash.clone(),
-        restore_from,
         workers: cx.job.spec.parallelism.max(1),
         pods_created: false,
         not_before: not_before.map(Time),
         started_at: Time(cx.now),
         refusals: 0,
         last_refusal: None,
+        // Once a checkpoint completed, `latest` finding no state at all means
+        // the storage was lost or is the wrong one, not a first start.
+        expect_state: restore_from.as_deref() == Some(LATEST) && st.last_checkpoint.is_some(),
+        restore_from,
+        avoid_nodes: Vec::new(),
     });
 }
 
@@ -123,8 +130,25 @@ pub(super) fn advance(cx: &Cx, st: &mut StreamJobStatus) -> Progress {
             }
         }
         run.pods_created = true;
+        run.avoid_nodes = cx.obs.abandoned_nodes(Some(&run.id));
         let from = run.restore_from.as_deref().map(|r| format!(", restoring from {r}")).unwrap_or_else(|| ", fresh start".into());
-        return Waiting::new(vec![Effect::CreateRun], format!("creating {} worker pod(s) of run {}{from}", run.workers, run.number), Duration::from_secs(1));
+        let message = format!("creating {} worker pod(s) of run {}{from}", run.workers, run.number);
+        let abandoned = cx.obs.abandoned_pods(Some(&run.id));
+        let mut waiting = Waiting { effects: vec![Effect::CreateRun], message, requeue: Duration::from_secs(1), warning: None, degraded: None };
+        if !abandoned.is_empty() {
+            // Safe because no pod of an older run can pass the run fence in storage.
+            waiting.warning = Some((
+                "AbandonedPods".into(),
+                format!(
+                    "run {} starts without waiting for pod(s) {} of an earlier run, still there {} s after their deletion (lost node, or frozen), and prefers other nodes than {}; the run fence keeps them from committing anything",
+                    run.number,
+                    abandoned.join(", "),
+                    crate::observe::ABANDON_AFTER.as_secs(),
+                    if run.avoid_nodes.is_empty() { "theirs".to_string() } else { run.avoid_nodes.join(", ") }
+                ),
+            ));
+        }
+        return Progress::Waiting(waiting);
     }
     let run = run.clone();
     match cx.obs.health(&run) {

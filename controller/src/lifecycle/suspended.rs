@@ -17,7 +17,7 @@ impl State for Suspended {
         if cx.job.spec.state == JobState::Suspended {
             let step = Step::stay::<Suspended>();
             // Pods that appear while suspended (left over) are stopped.
-            return if cx.obs.pods.is_empty() { step } else { step.effect(Effect::DeleteAllPods).requeue(Duration::from_secs(1)) };
+            return if cx.obs.live_pods() == 0 { step } else { step.effect(Effect::DeleteAllPods).requeue(Duration::from_secs(1)) };
         }
         if let Err(why) = &cx.validation {
             let m = format!("not resumed: {why}");

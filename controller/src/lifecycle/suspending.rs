@@ -20,7 +20,8 @@ impl State for Suspending {
     fn step(cx: &Cx, st: &mut StreamJobStatus) -> Step {
         if st.pending_savepoint.is_none() {
             // The savepoint is done: stop every pod, then the job is suspended.
-            if cx.obs.pods.is_empty() {
+            // Abandoned pods (a lost node) are not waited for: see `ABANDON_AFTER`.
+            if cx.obs.live_pods() == 0 {
                 return Step::to::<Suspending, Suspended>()
                     .event("Suspended", "pods stopped; resume with spec.state: running")
                     .message(match &st.last_savepoint {

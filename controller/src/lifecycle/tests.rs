@@ -211,6 +211,7 @@ fn a_failed_worker_restores_the_whole_job_from_the_latest_checkpoint_after_a_bac
     let run = st.run.unwrap();
     assert_ne!(run.id, old_run);
     assert_eq!(run.restore_from.as_deref(), Some("latest"));
+    assert!(run.expect_state, "after checkpoint 7, storage without any state of the job must fail the run, not start it fresh");
     assert_eq!(st.last_checkpoint.unwrap().id, 7);
     // Old pods go first; no new pod before they are gone and the backoff passed.
     let d = w.step();
@@ -247,6 +248,96 @@ fn new_pods_never_start_while_pods_of_the_previous_run_remain() {
     w.pods.clear();
     let d = w.step();
     assert_eq!(d.effects, vec![Effect::CreateRun]);
+}
+
+/// A worker says why it gave up (its termination message): the operator's
+/// failure names it, e.g. the peer its heartbeats stopped coming from.
+#[test]
+fn a_failed_runs_status_carries_the_workers_own_words() {
+    let mut w = World::running(JobBuilder::new("j").build());
+    let mut failed = exited(w.pods[1].clone(), 1);
+    let t = failed.status.as_mut().unwrap().container_statuses.as_mut().unwrap()[0].state.as_mut().unwrap().terminated.as_mut().unwrap();
+    t.message = Some("lost the coordinator: 10.0.0.7:6122 sent nothing for 5.0s (the heartbeat timeout): it is frozen, cut off, or its node is lost".into());
+    w.pods[1] = failed;
+    let d = w.step();
+    let failure = d.status.last_failure.unwrap();
+    assert!(failure.message.contains("sent nothing for 5.0s") && failure.message.contains("exit code 1"), "{}", failure.message);
+}
+
+/// A pod on a lost node (or whose processes are frozen) never confirms its
+/// deletion. After `ABANDON_AFTER` the next run starts anyway, the pod is
+/// listed in status and a warning says why that is safe (the run fence).
+#[test]
+fn a_pod_of_the_old_run_stuck_terminating_on_a_lost_node_is_recorded_and_not_waited_for() {
+    use crate::observe::ABANDON_AFTER;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    let mut w = World::running(JobBuilder::new("j").build());
+    let old_run = w.run_id();
+    // Worker 1 failed (it lost its peer); worker 0's node is gone, so its pod stays.
+    w.pods[1] = exited(w.pods[1].clone(), 1);
+    let mut stuck = w.pods[0].clone();
+    stuck.spec = Some(k8s_openapi::api::core::v1::PodSpec { node_name: Some("node-1".into()), ..Default::default() });
+    let deleted_at = w.now;
+    stuck.metadata.deletion_timestamp = Some(Time(deleted_at.checked_add(Duration::from_secs(10)).unwrap()));
+    stuck.metadata.deletion_grace_period_seconds = Some(10);
+    let stuck_name = stuck.metadata.name.clone().unwrap();
+    let mut created_at = None;
+    for _ in 0..40 {
+        let d = w.step();
+        // The deletion never takes effect: the pod is still there, terminating.
+        if !w.pods.iter().any(|p| p.metadata.name.as_deref() == Some(&stuck_name)) {
+            w.pods.push(stuck.clone());
+        }
+        if d.effects.contains(&Effect::CreateRun) {
+            assert_ne!(w.run_id(), old_run);
+            assert_eq!(d.status.abandoned_pods, vec![stuck_name.clone()]);
+            assert_eq!(d.status.run.as_ref().unwrap().avoid_nodes, vec!["node-1".to_string()], "the new run must not land on the lost node");
+            assert!(d.notes.iter().any(|n| n.warning && n.reason == "AbandonedPods" && n.message.contains(&stuck_name) && n.message.contains("fence")));
+            created_at = Some(w.now);
+            break;
+        }
+        w.advance(Duration::from_millis(250));
+    }
+    let created_at = created_at.expect("the new run never started beside the abandoned pod");
+    let waited = Duration::try_from(created_at.duration_since(deleted_at)).unwrap();
+    assert!(waited >= ABANDON_AFTER, "started {waited:?} after the deletion, before the pod counted as abandoned");
+    assert!(waited < ABANDON_AFTER + Duration::from_secs(3), "waited {waited:?} for an abandoned pod");
+    // Once the node is back and the pod gone, the list empties.
+    w.pods.retain(|p| p.metadata.name.as_deref() != Some(&stuck_name));
+    let d = w.step();
+    assert!(d.status.abandoned_pods.is_empty());
+}
+
+/// Suspension does not wait for an abandoned pod either.
+#[test]
+fn a_suspension_completes_beside_a_pod_abandoned_on_a_lost_node() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    let mut w = World::running(JobBuilder::new("j").build());
+    w.job.spec.state = JobState::Suspended;
+    let d = w.step();
+    let (id, _) = savepoint_requests(std::slice::from_ref(&d))[0].clone();
+    w.savepoint = Some(Some(SavepointOutcome {
+        request_id: id,
+        state: SavepointState::Completed,
+        savepoint: Some(CheckpointStatus { id: 4, location: "/cp/sp-4".into(), completed_unix_ms: 1, duration_ms: 1 }),
+        error: None,
+    }));
+    let mut stuck = w.pods[0].clone();
+    stuck.metadata.deletion_timestamp = Some(Time(w.now));
+    stuck.metadata.deletion_grace_period_seconds = Some(0);
+    let d = w.step();
+    assert_eq!(d.effects, vec![Effect::DeleteAllPods]);
+    w.savepoint = None;
+    w.coordinator = None;
+    // The pod on the lost node stays; first it is waited for, then not.
+    w.pods = vec![stuck.clone()];
+    w.step();
+    assert_eq!(w.phase(), Some(Phase::Suspending), "a pod deleted a moment ago is waited for");
+    w.advance(Duration::from_secs(4));
+    w.pods = vec![stuck];
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Suspended));
+    assert_eq!(d.status.abandoned_pods.len(), 1);
 }
 
 #[test]

@@ -100,6 +100,14 @@ pub struct StreamJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure: Option<Failure>,
 
+    /// Pods of earlier runs that did not go away when deleted (their node is
+    /// lost or cut off, their processes frozen). New runs do not wait for
+    /// them: the run fence in the job's storage keeps them from completing a
+    /// checkpoint or committing output. They disappear from the API when
+    /// their node comes back or is removed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub abandoned_pods: Vec<String>,
+
     /// One line for humans: what is happening, or what to do.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
@@ -194,6 +202,18 @@ pub struct RunStatus {
     /// What the API server said the last time it refused the run's objects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_refusal: Option<String>,
+    /// The run restores `latest` of a job that has completed a checkpoint:
+    /// when the storage holds no state of the job at all (lost, the wrong
+    /// bucket or prefix), its workers fail instead of starting from scratch.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub expect_state: bool,
+    /// Nodes the run's pods are kept off where possible (a preferred node
+    /// affinity): those holding pods of an earlier run that never went away
+    /// (see `abandonedPods`). Such a node is lost or frozen, but may still
+    /// look Ready to the scheduler for a while (the node controller notices
+    /// after 40 s).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub avoid_nodes: Vec<String>,
 }
 
 fn is_zero(n: &i32) -> bool {
