@@ -377,6 +377,36 @@ stop_node() { # node-index
 	done
 }
 
+# Every process that makes up a running node: its kubelet and containerd,
+# the shims (their command lines name the node's directory) and whatever
+# runs in the node's cgroups (the containers). One pid per line, unsorted.
+node_pids() { # node-index
+	local i=$1 d name p args h
+	d=$(node_dir_of "$i")
+	name=$(node_name_of "$i")
+	running_pid "kubelet-$i" || true
+	running_pid "containerd-$i" || true
+	for p in /proc/[0-9]*; do
+		{ args=$(tr '\0' ' ' <"$p/cmdline"); } 2>/dev/null || continue
+		[[ $args == *"$d/"* && ${p#/proc/} != "$$" ]] && echo "${p#/proc/}"
+	done
+	for h in $(cgroup_hierarchies); do
+		[[ -d $h/$name ]] && find "$h/$name" -name cgroup.procs -exec cat {} + 2>/dev/null
+	done
+	return 0
+}
+
+# Sends SIGNAL to every process of a node at once: STOP freezes it (to the
+# rest of the cluster it is a node cut off, or a paused VM), CONT thaws it.
+node_signal() { # signal node-index
+	local pids
+	pids=$(node_pids "$2" | sort -un)
+	[[ -n $pids ]] || die "node $(node_name_of "$2") has no processes"
+	# shellcheck disable=SC2086
+	kill "-$1" $pids 2>/dev/null || true
+	log "sent SIG$1 to $(wc -w <<<"$pids") processes of $(node_name_of "$2")"
+}
+
 # SIGKILL every process whose command line names PREFIX (shims, strays).
 kill_matching() { # prefix
 	local p args
