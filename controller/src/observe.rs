@@ -66,6 +66,8 @@ pub struct PodView {
     pub deletion_requested: Option<Timestamp>,
     /// The node it was scheduled to.
     pub node: Option<String>,
+    /// The scheduler found no node for it (PodScheduled False, Unschedulable).
+    pub unschedulable: bool,
 }
 
 impl PodView {
@@ -132,6 +134,10 @@ impl PodView {
             ip,
             state,
             node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            unschedulable: status
+                .conditions
+                .as_ref()
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))),
             deletion_requested: pod.metadata.deletion_timestamp.as_ref().map(|t| {
                 let grace = pod.metadata.deletion_grace_period_seconds.unwrap_or(0).max(0);
                 t.0.checked_sub(jiff::SignedDuration::from_secs(grace)).unwrap_or(t.0)
@@ -234,6 +240,15 @@ impl Observed {
         nodes.sort();
         nodes.dedup();
         nodes
+    }
+
+    /// How long the longest-waiting unschedulable pod of `run` has existed.
+    pub fn unschedulable_for(&self, run: &str) -> Option<std::time::Duration> {
+        self.pods
+            .iter()
+            .filter(|p| p.run.as_deref() == Some(run) && p.unschedulable)
+            .filter_map(|p| p.created.map(|c| std::time::Duration::try_from(self.now.duration_since(c)).unwrap_or_default()))
+            .max()
     }
 
     /// Pods of any run that are not abandoned.

@@ -67,6 +67,7 @@ pub fn check(job: &StreamJob, sink: &SinkSpec, settings: &WorkerSettings) -> Res
         last_refusal: None,
         expect_state: false,
         avoid_nodes: Vec::new(),
+        avoid_nodes_relaxed: false,
     };
     let pod = worker_pod(job, &run, 0, settings).map_err(|e| Refusal::invalid(e.to_string()))?;
     let storage = &job.spec.checkpoint.storage;

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
-    NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, PreferredSchedulingTerm, Pod, PodSecurityContext, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector,
+    NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, Pod, PodSecurityContext, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector,
     SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -149,12 +149,13 @@ pub fn worker_pod(job: &StreamJob, run: &RunStatus, index: u32, settings: &Worke
     })
 }
 
-/// Adds a strong preference against these nodes to the user's node
-/// affinity. A preference, not a requirement: a node is avoided because a
-/// pod there did not go away in time, which a lost node explains but so does
-/// a slow kubelet, and a requirement could leave the run unschedulable. By
-/// field (`metadata.name`), not by the hostname label, which need not equal
-/// the node's name.
+/// Adds "not on these nodes" to every term of the required node affinity
+/// (terms are alternatives, so each must exclude them), or makes it the only
+/// term. A requirement: measured, a mere preference lost to the scheduler's
+/// resource balancing, which put a new pod on the frozen node, where it never
+/// started. If no other node has room, the lifecycle starts the run again
+/// without avoiding (`avoidNodesRelaxed`). By field (`metadata.name`), not by
+/// the hostname label, which need not equal the node's name.
 fn avoid_nodes(affinity: Option<Affinity>, nodes: &[String]) -> Option<Affinity> {
     if nodes.is_empty() {
         return affinity;
@@ -162,8 +163,13 @@ fn avoid_nodes(affinity: Option<Affinity>, nodes: &[String]) -> Option<Affinity>
     let exclude = NodeSelectorRequirement { key: "metadata.name".into(), operator: "NotIn".into(), values: Some(nodes.to_vec()) };
     let mut affinity = affinity.unwrap_or_default();
     let node_affinity = affinity.node_affinity.get_or_insert_with(Default::default);
-    let preferred = node_affinity.preferred_during_scheduling_ignored_during_execution.get_or_insert_with(Vec::new);
-    preferred.push(PreferredSchedulingTerm { weight: 100, preference: NodeSelectorTerm { match_fields: Some(vec![exclude]), ..Default::default() } });
+    let required = node_affinity.required_during_scheduling_ignored_during_execution.get_or_insert_with(Default::default);
+    if required.node_selector_terms.is_empty() {
+        required.node_selector_terms.push(NodeSelectorTerm::default());
+    }
+    for term in &mut required.node_selector_terms {
+        term.match_fields.get_or_insert_with(Vec::new).push(exclude.clone());
+    }
     Some(affinity)
 }
 

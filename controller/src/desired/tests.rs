@@ -19,6 +19,7 @@ fn run(restore: Option<&str>) -> RunStatus {
         last_refusal: None,
         expect_state: false,
         avoid_nodes: Vec::new(),
+        avoid_nodes_relaxed: false,
     }
 }
 
@@ -35,10 +36,10 @@ fn env_value(c: &k8s_openapi::api::core::v1::Container, name: &str) -> Option<St
 }
 
 /// A run after a node was lost: its workers must fail on empty storage
-/// rather than start fresh, and should not be placed on the lost node, whose
+/// rather than start fresh, and must not be placed on the lost node, whose
 /// kubelet cannot start them (it may still look Ready to the scheduler).
 #[test]
-fn a_run_after_a_lost_node_expects_state_and_prefers_other_nodes_keeping_the_users_affinity() {
+fn a_run_after_a_lost_node_expects_state_and_avoids_that_node_in_every_affinity_term() {
     let job = JobBuilder::new("wc")
         .spec(|s| {
             s.affinity = Some(serde_json::from_value(serde_json::json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
@@ -53,15 +54,17 @@ fn a_run_after_a_lost_node_expects_state_and_prefers_other_nodes_keeping_the_use
     let pod = worker_pod(&job, &r, 0, &settings()).unwrap();
     let args = worker(&pod).args.clone().unwrap().join(" ");
     assert!(args.contains("--restore latest --expect-state"), "{args}");
-    let node_affinity = pod.spec.unwrap().affinity.unwrap().node_affinity.unwrap();
-    assert_eq!(node_affinity.required_during_scheduling_ignored_during_execution.unwrap().node_selector_terms.len(), 2, "the user's requirement is kept as it was");
-    let preferred = node_affinity.preferred_during_scheduling_ignored_during_execution.unwrap();
-    assert_eq!(preferred.len(), 1);
-    assert_eq!(preferred[0].weight, 100);
-    let f = &preferred[0].preference.match_fields.as_ref().unwrap()[0];
-    assert_eq!((f.key.as_str(), f.operator.as_str(), f.values.clone().unwrap()), ("metadata.name", "NotIn", vec!["node-1".to_string()]));
-    // Without nodes to avoid, nothing is added.
+    let terms = pod.spec.unwrap().affinity.unwrap().node_affinity.unwrap().required_during_scheduling_ignored_during_execution.unwrap().node_selector_terms;
+    assert_eq!(terms.len(), 2, "the user's alternatives stay alternatives");
+    for t in &terms {
+        let f = &t.match_fields.as_ref().unwrap()[0];
+        assert_eq!((f.key.as_str(), f.operator.as_str(), f.values.clone().unwrap()), ("metadata.name", "NotIn", vec!["node-1".to_string()]));
+        assert_eq!(t.match_expressions.as_ref().unwrap().len(), 1, "the user's expression is kept");
+    }
+    // Without a user affinity the exclusion is the only term; without nodes to avoid, nothing is added.
     let plain = JobBuilder::new("wc").build();
+    let pod = worker_pod(&plain, &r, 0, &settings()).unwrap();
+    assert_eq!(pod.spec.unwrap().affinity.unwrap().node_affinity.unwrap().required_during_scheduling_ignored_during_execution.unwrap().node_selector_terms.len(), 1);
     let pod = worker_pod(&plain, &run(None), 0, &settings()).unwrap();
     assert!(pod.spec.as_ref().unwrap().affinity.is_none());
     assert!(!worker(&pod).args.clone().unwrap().join(" ").contains("--expect-state"));

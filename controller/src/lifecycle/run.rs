@@ -23,6 +23,10 @@ use crate::observe::{Rejection, RunHealth};
 /// job has none yet).
 pub const LATEST: &str = "latest";
 
+/// How long a run's pods may be unschedulable while they avoid the nodes of
+/// abandoned pods before the run is started again without avoiding any.
+pub const RELAX_AVOIDANCE_AFTER: Duration = Duration::from_secs(10);
+
 /// Decides a new run of the current spec; its pods are created by [`advance`].
 pub(super) fn new_run(cx: &Cx, st: &mut StreamJobStatus, restore_from: Option<String>, not_before: Option<jiff::Timestamp>) {
     let number = st.run.as_ref().map(|r| r.number + 1).unwrap_or(1);
@@ -43,6 +47,7 @@ pub(super) fn new_run(cx: &Cx, st: &mut StreamJobStatus, restore_from: Option<St
         expect_state: restore_from.as_deref() == Some(LATEST) && st.last_checkpoint.is_some(),
         restore_from,
         avoid_nodes: Vec::new(),
+        avoid_nodes_relaxed: false,
     });
 }
 
@@ -130,7 +135,7 @@ pub(super) fn advance(cx: &Cx, st: &mut StreamJobStatus) -> Progress {
             }
         }
         run.pods_created = true;
-        run.avoid_nodes = cx.obs.abandoned_nodes(Some(&run.id));
+        run.avoid_nodes = if run.avoid_nodes_relaxed { Vec::new() } else { cx.obs.abandoned_nodes(Some(&run.id)) };
         let from = run.restore_from.as_deref().map(|r| format!(", restoring from {r}")).unwrap_or_else(|| ", fresh start".into());
         let message = format!("creating {} worker pod(s) of run {}{from}", run.workers, run.number);
         let abandoned = cx.obs.abandoned_pods(Some(&run.id));
@@ -140,7 +145,7 @@ pub(super) fn advance(cx: &Cx, st: &mut StreamJobStatus) -> Progress {
             waiting.warning = Some((
                 "AbandonedPods".into(),
                 format!(
-                    "run {} starts without waiting for pod(s) {} of an earlier run, still there {} s after their deletion (lost node, or frozen), and prefers other nodes than {}; the run fence keeps them from committing anything",
+                    "run {} starts without waiting for pod(s) {} of an earlier run, still there {} s after their deletion (lost node, or frozen), and avoids node(s) {}; the run fence keeps them from committing anything",
                     run.number,
                     abandoned.join(", "),
                     crate::observe::ABANDON_AFTER.as_secs(),
@@ -154,6 +159,22 @@ pub(super) fn advance(cx: &Cx, st: &mut StreamJobStatus) -> Progress {
     match cx.obs.health(&run) {
         RunHealth::NotCreated => Waiting::new(vec![Effect::CreateRun], "creating worker pods", Duration::from_secs(1)),
         // Pod changes wake the reconciler (it watches the pods it owns).
+        RunHealth::Starting { .. } if !run.avoid_nodes.is_empty() && cx.obs.unschedulable_for(&run.id).is_some_and(|w| w >= RELAX_AVOIDANCE_AFTER) => {
+            // No other node has room: a node that merely looked lost (a slow
+            // kubelet) must not keep the job from running at all.
+            let m = format!(
+                "the pods of run {} cannot be scheduled away from {} for {} s; starting run {} without avoiding any node",
+                run.number,
+                run.avoid_nodes.join(", "),
+                RELAX_AVOIDANCE_AFTER.as_secs(),
+                run.number + 1
+            );
+            new_run(cx, st, run.restore_from.clone(), None);
+            if let Some(r) = st.run.as_mut() {
+                r.avoid_nodes_relaxed = true;
+            }
+            Progress::Waiting(Waiting { effects: vec![Effect::DeleteOtherPods], message: m.clone(), requeue: Duration::from_millis(500), warning: Some(("AvoidanceRelaxed".into(), m)), degraded: None })
+        }
         RunHealth::Starting { waiting_for } => {
             Waiting::new(Vec::new(), format!("waiting for {}", waiting_for.unwrap_or_else(|| "the worker pods".into())), Duration::from_secs(5))
         }

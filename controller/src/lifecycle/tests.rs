@@ -308,6 +308,69 @@ fn a_pod_of_the_old_run_stuck_terminating_on_a_lost_node_is_recorded_and_not_wai
     assert!(d.status.abandoned_pods.is_empty());
 }
 
+/// If the nodes of abandoned pods were the only ones with room (one node,
+/// merely slow), the run that avoids them cannot be scheduled; after
+/// `RELAX_AVOIDANCE_AFTER` it is started again without avoiding any node.
+#[test]
+fn a_run_unschedulable_away_from_avoided_nodes_is_started_again_without_avoiding_them() {
+    use super::run::RELAX_AVOIDANCE_AFTER;
+    use k8s_openapi::api::core::v1::PodCondition;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    let mut w = World::running(JobBuilder::new("j").build());
+    w.pods[1] = exited(w.pods[1].clone(), 1);
+    let mut stuck = w.pods[0].clone();
+    stuck.spec = Some(k8s_openapi::api::core::v1::PodSpec { node_name: Some("node-1".into()), ..Default::default() });
+    stuck.metadata.deletion_timestamp = Some(Time(w.now));
+    stuck.metadata.deletion_grace_period_seconds = Some(0);
+    let stuck_name = stuck.metadata.name.clone().unwrap();
+    let keep_stuck = |w: &mut World| {
+        if !w.pods.iter().any(|p| p.metadata.name.as_deref() == Some(&stuck_name)) {
+            w.pods.push(stuck.clone());
+        }
+    };
+    let mut avoiding_run = None;
+    for _ in 0..40 {
+        let d = w.step();
+        keep_stuck(&mut w);
+        if d.effects.contains(&Effect::CreateRun) {
+            avoiding_run = Some(w.run_id());
+            break;
+        }
+        w.advance(Duration::from_millis(500));
+    }
+    let avoiding_run = avoiding_run.expect("no run started beside the abandoned pod");
+    assert_eq!(w.job.status.as_ref().unwrap().run.as_ref().unwrap().avoid_nodes, vec!["node-1".to_string()]);
+    // Its pods cannot be scheduled.
+    for p in w.pods.iter_mut().filter(|p| p.metadata.name.as_deref() != Some(&stuck_name)) {
+        p.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+            type_: "PodScheduled".into(),
+            status: "False".into(),
+            reason: Some("Unschedulable".into()),
+            message: Some("0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector.".into()),
+            ..Default::default()
+        }]);
+    }
+    let d = w.step();
+    assert_eq!(w.run_id(), avoiding_run, "unschedulable a moment ago: still waited for");
+    assert!(!d.effects.contains(&Effect::DeleteOtherPods));
+    w.advance(RELAX_AVOIDANCE_AFTER + Duration::from_secs(1));
+    let d = w.step();
+    assert_ne!(w.run_id(), avoiding_run);
+    assert!(d.status.run.as_ref().unwrap().avoid_nodes_relaxed);
+    assert!(d.notes.iter().any(|n| n.warning && n.reason == "AvoidanceRelaxed" && n.message.contains("node-1")), "{:?}", d.notes);
+    let mut created = false;
+    for _ in 0..10 {
+        let d = w.step();
+        keep_stuck(&mut w);
+        if d.effects.contains(&Effect::CreateRun) {
+            assert!(d.status.run.as_ref().unwrap().avoid_nodes.is_empty(), "the relaxed run avoids nothing");
+            created = true;
+            break;
+        }
+    }
+    assert!(created, "the relaxed run was never created");
+}
+
 /// Suspension does not wait for an abandoned pod either.
 #[test]
 fn a_suspension_completes_beside_a_pod_abandoned_on_a_lost_node() {

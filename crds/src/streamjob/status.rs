@@ -207,13 +207,18 @@ pub struct RunStatus {
     /// bucket or prefix), its workers fail instead of starting from scratch.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub expect_state: bool,
-    /// Nodes the run's pods are kept off where possible (a preferred node
+    /// Nodes the run's pods must not be scheduled to (a required node
     /// affinity): those holding pods of an earlier run that never went away
     /// (see `abandonedPods`). Such a node is lost or frozen, but may still
     /// look Ready to the scheduler for a while (the node controller notices
     /// after 40 s).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub avoid_nodes: Vec<String>,
+    /// Set on a run started because the previous one could not be scheduled
+    /// while it avoided `avoidNodes` (no other node had room): this run
+    /// avoids no node.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub avoid_nodes_relaxed: bool,
 }
 
 fn is_zero(n: &i32) -> bool {
