@@ -79,17 +79,6 @@ impl Location {
             Err(e) => Err(Error::storage(format!("{}/{name}", self.display))(e)),
         }
     }
-
-    /// Names of the objects directly in directory `sub`.
-    pub async fn list_objects(&self, sub: &str) -> Result<Vec<String>> {
-        let prefix = self.object_path(sub);
-        let listing = self
-            .store
-            .list_with_delimiter(Some(&prefix))
-            .await
-            .map_err(Error::storage(format!("{}/{sub}", self.display)))?;
-        Ok(listing.objects.iter().filter_map(|o| o.location.filename().map(String::from)).collect())
-    }
 }
 
 impl CheckpointStorage {

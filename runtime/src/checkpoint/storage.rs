@@ -232,13 +232,19 @@ impl Location {
 
     /// Names of the immediate subdirectories.
     pub async fn list_dirs(&self, sub: &str) -> Result<Vec<String>> {
-        let prefix = self.path(sub);
-        let listing = self
-            .store
-            .list_with_delimiter(Some(&prefix))
-            .await
-            .map_err(Error::storage(format!("{}/{sub}", self.display)))?;
+        let listing = self.listing(sub).await?;
         Ok(listing.common_prefixes.iter().filter_map(|p| p.filename().map(String::from)).collect())
+    }
+
+    /// Names of the objects directly in directory `sub`.
+    pub async fn list_objects(&self, sub: &str) -> Result<Vec<String>> {
+        let listing = self.listing(sub).await?;
+        Ok(listing.objects.iter().filter_map(|o| o.location.filename().map(String::from)).collect())
+    }
+
+    /// One level of directory `sub`: its objects and its subdirectories.
+    async fn listing(&self, sub: &str) -> Result<object_store::ListResult> {
+        self.store.list_with_delimiter(Some(&self.path(sub))).await.map_err(Error::storage(format!("{}/{sub}", self.display)))
     }
 
     /// Total size of the objects under this directory.

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::run_lock::pid_alive;
 use crate::checkpoint::{now_unix_ms, CheckpointStorage, Location};
 use crate::error::{Error, Result};
 
@@ -41,11 +42,6 @@ pub struct RunLease {
 
 fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "unknown".into())
-}
-
-fn pid_alive(pid: u32) -> bool {
-    let r = unsafe { libc::kill(pid as i32, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 impl RunLease {

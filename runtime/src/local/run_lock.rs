@@ -102,7 +102,8 @@ fn read_holder(file: &mut File) -> Option<Holder> {
     serde_json::from_str(&text).ok()
 }
 
-fn pid_alive(pid: u32) -> bool {
+/// Whether a process with this pid exists on this host.
+pub(super) fn pid_alive(pid: u32) -> bool {
     let r = unsafe { libc::kill(pid as i32, 0) };
     r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
