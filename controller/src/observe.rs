@@ -26,12 +26,14 @@ const START_FAILURES: &[&str] = &["InvalidImageName", "ErrImageNeverPull", "Cras
 /// that, restarting the whole job would cost more than the wait.
 const START_TROUBLE: &[&str] = &["ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError", "CreateContainerError"];
 
-/// How long after its deletion was requested a pod of an earlier run may
-/// still be there before the next run stops waiting for it. A worker exits
-/// within a second of SIGTERM; one that has not after this long is on a
-/// lost or cut-off node, or frozen. Not waiting is safe because of the run
+/// How long past its deletion deadline (deletionTimestamp: the request plus
+/// the grace period, when a live kubelet kills the container) a pod may
+/// still be there before nobody waits for it any more. A pod past that is on
+/// a lost or cut-off node, or frozen. Measured on a loaded CI machine,
+/// healthy pods took more than 3 s after the request to go, so this counts
+/// from the deadline, with a margin. Not waiting is safe because of the run
 /// fence in storage, which such a pod can never pass.
-pub const ABANDON_AFTER: std::time::Duration = std::time::Duration::from_secs(3);
+pub const ABANDON_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// How long a worker pod may be stuck on a [`START_TROUBLE`] reason, counted
 /// from the pod's creation or, when later, its scheduling, before its run
@@ -61,9 +63,9 @@ pub struct PodView {
     /// Since when the pod has been trying to start: its creationTimestamp,
     /// or the time it was scheduled when that is later.
     pub created: Option<Timestamp>,
-    /// When its deletion was requested (deletionTimestamp minus the grace
-    /// period), if it is being deleted.
-    pub deletion_requested: Option<Timestamp>,
+    /// When a live kubelet must have killed it (deletionTimestamp), if it
+    /// is being deleted.
+    pub deletion_deadline: Option<Timestamp>,
     /// The node it was scheduled to.
     pub node: Option<String>,
     /// The scheduler found no node for it (PodScheduled False, Unschedulable).
@@ -138,10 +140,7 @@ impl PodView {
                 .conditions
                 .as_ref()
                 .is_some_and(|cs| cs.iter().any(|c| c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))),
-            deletion_requested: pod.metadata.deletion_timestamp.as_ref().map(|t| {
-                let grace = pod.metadata.deletion_grace_period_seconds.unwrap_or(0).max(0);
-                t.0.checked_sub(jiff::SignedDuration::from_secs(grace)).unwrap_or(t.0)
-            }),
+            deletion_deadline: pod.metadata.deletion_timestamp.as_ref().map(|t| t.0),
             // A pod that waited to be scheduled (a node being added) has
             // only been trying to start since it was scheduled.
             created: {
@@ -224,8 +223,8 @@ impl Observed {
         self.pods.iter().filter(|p| p.run.as_deref() != run || run.is_none()).filter(|p| !self.is_abandoned(p)).count()
     }
 
-    /// Pods of other runs than `run` whose deletion was requested more than
-    /// [`ABANDON_AFTER`] ago and that are still there.
+    /// Pods of other runs than `run` still there [`ABANDON_AFTER`] past
+    /// their deletion deadline.
     pub fn abandoned_pods(&self, run: Option<&str>) -> Vec<String> {
         let mut names: Vec<String> =
             self.pods.iter().filter(|p| p.run.as_deref() != run || run.is_none()).filter(|p| self.is_abandoned(p)).map(|p| p.name.clone()).collect();
@@ -259,7 +258,7 @@ impl Observed {
     fn is_abandoned(&self, pod: &PodView) -> bool {
         pod.state == PodState::Terminating
             && pod
-                .deletion_requested
+                .deletion_deadline
                 .is_some_and(|t| std::time::Duration::try_from(self.now.duration_since(t)).is_ok_and(|waited| waited >= ABANDON_AFTER))
     }
 

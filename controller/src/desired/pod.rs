@@ -160,7 +160,9 @@ fn avoid_nodes(affinity: Option<Affinity>, nodes: &[String]) -> Option<Affinity>
     if nodes.is_empty() {
         return affinity;
     }
-    let exclude = NodeSelectorRequirement { key: "metadata.name".into(), operator: "NotIn".into(), values: Some(nodes.to_vec()) };
+    // The API server allows one value per node field requirement: one each.
+    let exclude: Vec<NodeSelectorRequirement> =
+        nodes.iter().map(|n| NodeSelectorRequirement { key: "metadata.name".into(), operator: "NotIn".into(), values: Some(vec![n.clone()]) }).collect();
     let mut affinity = affinity.unwrap_or_default();
     let node_affinity = affinity.node_affinity.get_or_insert_with(Default::default);
     let required = node_affinity.required_during_scheduling_ignored_during_execution.get_or_insert_with(Default::default);
@@ -168,7 +170,7 @@ fn avoid_nodes(affinity: Option<Affinity>, nodes: &[String]) -> Option<Affinity>
         required.node_selector_terms.push(NodeSelectorTerm::default());
     }
     for term in &mut required.node_selector_terms {
-        term.match_fields.get_or_insert_with(Vec::new).push(exclude.clone());
+        term.match_fields.get_or_insert_with(Vec::new).extend(exclude.iter().cloned());
     }
     Some(affinity)
 }

@@ -282,7 +282,7 @@ fn a_pod_of_the_old_run_stuck_terminating_on_a_lost_node_is_recorded_and_not_wai
     stuck.metadata.deletion_grace_period_seconds = Some(10);
     let stuck_name = stuck.metadata.name.clone().unwrap();
     let mut created_at = None;
-    for _ in 0..40 {
+    for _ in 0..120 {
         let d = w.step();
         // The deletion never takes effect: the pod is still there, terminating.
         if !w.pods.iter().any(|p| p.metadata.name.as_deref() == Some(&stuck_name)) {
@@ -299,9 +299,11 @@ fn a_pod_of_the_old_run_stuck_terminating_on_a_lost_node_is_recorded_and_not_wai
         w.advance(Duration::from_millis(250));
     }
     let created_at = created_at.expect("the new run never started beside the abandoned pod");
+    // Counted from the deletion deadline (request + 10 s grace): a live kubelet has killed the pod by then.
     let waited = Duration::try_from(created_at.duration_since(deleted_at)).unwrap();
-    assert!(waited >= ABANDON_AFTER, "started {waited:?} after the deletion, before the pod counted as abandoned");
-    assert!(waited < ABANDON_AFTER + Duration::from_secs(3), "waited {waited:?} for an abandoned pod");
+    let grace = Duration::from_secs(10);
+    assert!(waited >= grace + ABANDON_AFTER, "started {waited:?} after the deletion, before the pod counted as abandoned");
+    assert!(waited < grace + ABANDON_AFTER + Duration::from_secs(3), "waited {waited:?} for an abandoned pod");
     // Once the node is back and the pod gone, the list empties.
     w.pods.retain(|p| p.metadata.name.as_deref() != Some(&stuck_name));
     let d = w.step();
@@ -396,7 +398,7 @@ fn a_suspension_completes_beside_a_pod_abandoned_on_a_lost_node() {
     w.pods = vec![stuck.clone()];
     w.step();
     assert_eq!(w.phase(), Some(Phase::Suspending), "a pod deleted a moment ago is waited for");
-    w.advance(Duration::from_secs(4));
+    w.advance(crate::observe::ABANDON_AFTER + Duration::from_secs(1));
     w.pods = vec![stuck];
     let d = w.step();
     assert_eq!(w.phase(), Some(Phase::Suspended));
