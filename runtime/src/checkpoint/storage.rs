@@ -12,6 +12,7 @@
 //! savepoints/sp-<id>-<unix ms>/...                   same layout, never deleted by weir
 //! run.json                                           how to reach the running job (local mode; 0600)
 //! run.lock                                           held by the one `weir run` of the job (local mode)
+//! run.lease                                          renewed by the one `weir run` of the job on shared storage (s3://)
 //! ```
 //!
 //! Durability: on local disk, every state file, `_metadata` and lineage record is

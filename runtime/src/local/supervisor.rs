@@ -98,6 +98,13 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
         locks.push(RunLock::acquire(&out.join(format!(".weir-{}.lock", spec.name)), "output directory", &holder)?);
     }
 
+    // Shared storage has no kernel lock (taken before `latest` is resolved
+    // again below, like the locks): a lease there refuses a second
+    // `weir run` of the job while this one lives.
+    let mut lease = match &storage.job_root.local {
+        None => Some(RunLease::acquire(&storage, &spec.name, &random_hex(8)).await?),
+        Some(_) => None,
+    };
     // Under the lock, `latest` cannot move any more; resolve it again in
     // case another run moved it in between.
     if opts.restore == Some(RestoreFrom::Latest) {
@@ -109,15 +116,9 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
     // The lineage of this run begins here: `latest` names its starting point
     // (or nothing, for a fresh start) until it completes a checkpoint, so a
     // restart after a crash resumes this run's own history, never the state
-    // a previous run left behind.
-    // Shared storage has no kernel lock: a lease there refuses a second
-    // `weir run` of the job while this one lives.
-    let mut lease = match &storage.job_root.local {
-        None => Some(RunLease::acquire(&storage, &spec.name, &random_hex(8)).await?),
-        Some(_) => None,
-    };
-    // The supervisor claims a run epoch of its own for this: each attempt's
-    // worker 0 claims the next one, and begins from what it is given.
+    // a previous run left behind. The supervisor claims a run epoch of its
+    // own for this; each attempt's worker 0 claims the next one, and begins
+    // from what it is given.
     let claim = storage.claim_run(&format!("weir-run-{}", random_hex(4))).await?;
     storage.begin_lineage(&claim, restore.as_ref()).await?;
 
