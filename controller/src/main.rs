@@ -100,8 +100,16 @@ async fn main() -> anyhow::Result<()> {
             .context("setting up leader election")?;
         let (mut rx, task) = manager.watch().await;
         info!(lease = %cli.lease_name, namespace = %ns, %identity, "waiting for the leader lease");
+        // A standby replica waits here, possibly for ever: a SIGTERM (helm
+        // uninstall, a rolling update) must end it at once rather than after
+        // the pod's grace period.
+        let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("installing the SIGTERM handler")?;
         while !*rx.borrow_and_update() {
-            rx.changed().await.context("leader election stopped")?;
+            tokio::select! {
+                changed = rx.changed() => changed.context("leader election stopped")?,
+                _ = sigterm.recv() => { info!("stopped by SIGTERM while waiting for the leader lease"); return Ok(()); }
+                _ = tokio::signal::ctrl_c() => { info!("stopped by SIGINT while waiting for the leader lease"); return Ok(()); }
+            }
         }
         info!("leading");
         metrics.leader.set(1);
