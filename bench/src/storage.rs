@@ -3,7 +3,11 @@
 //! rounds interleaved. Reports throughput and the duration of each completed
 //! checkpoint, as `weir status` reports it while the job runs.
 //!
-//! Usage: weir-bench storage [--events N] [--keys K] [--rounds R] [--minio PATH]
+//! With `--output file` the job also writes every record through the
+//! exactly-once file sink, to local disk beside local checkpoints and to
+//! S3 (multipart uploads) beside S3 checkpoints.
+//!
+//! Usage: weir-bench storage [--events N] [--keys K] [--rounds R] [--output blackhole|file] [--minio PATH]
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -18,23 +22,32 @@ pub struct Options {
     events: u64,
     keys: u64,
     rounds: usize,
+    /// Also write every record through the file sink (to the same storage).
+    file_output: bool,
     minio: Option<PathBuf>,
 }
 
 pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Options>> {
-    let mut o = Options { events: 100_000_000, keys: 100_000, rounds: 3, minio: None };
+    let mut o = Options { events: 100_000_000, keys: 100_000, rounds: 3, file_output: false, minio: None };
     while let Some(a) = args.next() {
         match a.as_str() {
             "--events" => o.events = args.next().context("--events N")?.parse()?,
             "--keys" => o.keys = args.next().context("--keys K")?.parse()?,
             "--rounds" => o.rounds = args.next().context("--rounds R")?.parse()?,
             "--minio" => o.minio = Some(args.next().context("--minio PATH")?.into()),
+            "--output" => {
+                o.file_output = match args.next().as_deref() {
+                    Some("file") => true,
+                    Some("blackhole") => false,
+                    other => bail!("--output {}: expected blackhole or file", other.unwrap_or("")),
+                }
+            }
             "-h" | "--help" => {
                 println!(
                     "weir-bench storage: the same job (generator -> key_by -> running_count -> blackhole, checkpoints every 1s)\n\
                      with checkpoints to local disk and to S3 (MinIO on loopback), rounds interleaved; prints throughput and\n\
                      checkpoint durations.\n\nOptions:\n  --events N    events per run (default 100000000)\n  --keys K      distinct keys, i.e. the size of the state (default 100000)\n  \
-                     --rounds R    runs per storage (default 3)\n  --minio PATH  the MinIO binary (default: the newest $WEIR_CACHE/k8s/minio-*/bin/minio, built by e2e/build-binaries minio)"
+                     --rounds R    runs per storage (default 3)\n  --output O    blackhole (default) or file: every record also goes through the exactly-once\n                file sink, on local disk or in S3 beside the checkpoints\n  --minio PATH  the MinIO binary (default: the newest $WEIR_CACHE/k8s/minio-*/bin/minio, built by e2e/build-binaries minio)"
                 );
                 return Ok(None);
             }
@@ -116,10 +129,11 @@ struct Sample {
     durations_ms: Vec<f64>,
 }
 
-fn run_once(weir: &PathBuf, o: &Options, state: &str, minio: &Minio) -> Result<Sample> {
+fn run_once(weir: &PathBuf, o: &Options, state: &str, output: &str, minio: &Minio) -> Result<Sample> {
     let dir = super::tempfile_dir()?;
+    let sink = if o.file_output { format!("file:\n    path: {output}\n    guarantee: exactly-once") } else { "blackhole: {}".to_string() };
     let yaml = format!(
-        "name: storage\nparallelism: 2\ncheckpoint:\n  interval: 1s\nsource:\n  generator:\n    events: {}\n    keys: {}\n    rate: 0\n    batch_size: 1024\nsteps:\n  - key_by: key\n  - running_count: count\nsink:\n  blackhole: {{}}\n",
+        "name: storage\nparallelism: 2\ncheckpoint:\n  interval: 1s\nsource:\n  generator:\n    events: {}\n    keys: {}\n    rate: 0\n    batch_size: 1024\nsteps:\n  - key_by: key\n  - running_count: count\nsink:\n  {sink}\n",
         o.events, o.keys
     );
     std::fs::write(dir.join("p.yaml"), yaml)?;
@@ -169,12 +183,20 @@ pub fn run(o: &Options) -> Result<()> {
     for round in 0..o.rounds {
         for (i, name) in ["local disk", "S3 (MinIO)"].iter().enumerate() {
             eprintln!("round {}/{}: {name} ...", round + 1, o.rounds);
-            let state = if i == 0 { format!("{local}/{round}") } else { format!("s3://bench/state/{round}") };
-            samples[i].push(run_once(&weir, o, &state, &minio)?);
+            let (state, output) = if i == 0 {
+                (format!("{local}/{round}"), format!("{}/out/{round}", local_root.display()))
+            } else {
+                (format!("s3://bench/state/{round}"), format!("s3://bench/out/{round}"))
+            };
+            samples[i].push(run_once(&weir, o, &state, &output, &minio)?);
+            if i == 0 {
+                let _ = std::fs::remove_dir_all(&output);
+            }
         }
     }
     let _ = std::fs::remove_dir_all(&local_root);
-    println!("events per run: {}, keys: {}, parallelism 2, checkpoints every 1s, rounds: {}", o.events, o.keys, o.rounds);
+    let sink = if o.file_output { "exactly-once file sink on the same storage" } else { "blackhole sink" };
+    println!("events per run: {}, keys: {}, parallelism 2, checkpoints every 1s, {sink}, rounds: {}", o.events, o.keys, o.rounds);
     println!("| storage | records/s (wall) | checkpoints seen | checkpoint duration median | p90 | max | throughput vs. local |");
     println!("|---|---|---|---|---|---|---|");
     let mut base = 0.0;

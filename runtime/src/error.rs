@@ -81,7 +81,16 @@ pub enum Error {
     /// in-progress and its final name: its records are lost, and every
     /// restore of that checkpoint would find the same.
     #[error("file sink: {temp} (checkpoint {checkpoint}) is gone, and so is its final name {final_name}: the records of a completed checkpoint are lost; was the output directory cleaned while the job ran?")]
-    LostPendingFile { temp: PathBuf, final_name: PathBuf, checkpoint: u64 },
+    LostPendingFile { temp: String, final_name: String, checkpoint: u64 },
+
+    /// The file sink's object store (`s3://` output) failed a request; it
+    /// is retried by restoring the job.
+    #[error("file sink {location}: {source}")]
+    Output {
+        location: String,
+        #[source]
+        source: object_store::Error,
+    },
 
     /// A newer run of the job has claimed its state: this run is superseded
     /// (its node was cut off, its processes frozen, or another `weir run`
@@ -130,6 +139,7 @@ impl Error {
             | Error::Fenced { .. }
             | Error::Fatal(_) => true,
             Error::Storage { .. }
+            | Error::Output { .. }
             | Error::Io { .. }
             | Error::Arrow { .. }
             | Error::Network { .. }

@@ -169,3 +169,129 @@ fn an_s3_endpoint_that_is_not_a_url_is_refused_naming_the_setting() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("--s3-endpoint"), "{}", stderr(&out));
 }
+
+// ---- Exactly-once output in S3 (multipart uploads completed at checkpoint completion)
+
+/// Polls the output prefix while a job runs and remembers every upload
+/// marker it sees, so that the end of a test can check that each of their
+/// uploads was completed or aborted (MinIO lists open uploads by exact key
+/// only, so the keys must be known).
+struct MarkerWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<std::collections::BTreeSet<String>>,
+}
+
+impl MarkerWatch {
+    fn start(job: &Job) -> MarkerWatch {
+        let (bucket, prefix) = job.s3_output.clone().expect("output in S3");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut seen = std::collections::BTreeSet::new();
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                seen.extend(bucket.list(&format!("{prefix}/")).into_iter().filter(|k| k.ends_with(".upload")));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            seen
+        });
+        MarkerWatch { stop, thread }
+    }
+
+    /// The final keys of every upload seen during the run.
+    fn finish(self) -> Vec<String> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let markers = self.thread.join().unwrap();
+        markers
+            .iter()
+            .map(|m| {
+                let (dir, name) = m.rsplit_once('/').unwrap();
+                format!("{dir}/{}", &name[1..name.len() - ".upload".len()])
+            })
+            .collect()
+    }
+}
+
+/// What a user checks after a run that ended: no marker objects left, and
+/// no multipart upload of the run left open (S3 would bill for its parts).
+fn assert_no_upload_left(job: &Job, uploads: &[String]) {
+    assert!(!uploads.is_empty(), "no upload marker was ever seen: the watch saw nothing");
+    let markers: Vec<String> = job.output_keys().into_iter().filter(|k| k.ends_with(".upload")).collect();
+    assert!(markers.is_empty(), "upload markers left behind: {markers:?}");
+    let (bucket, _) = job.s3_output.as_ref().unwrap();
+    let open: Vec<String> = uploads.iter().flat_map(|k| bucket.open_uploads(k)).collect();
+    assert!(open.is_empty(), "{} of {} uploads left open, e.g. {:?}", open.len(), uploads.len(), &open[..open.len().min(3)]);
+}
+
+#[test]
+fn worker_kills_with_s3_output_keep_exactly_once_and_leave_no_upload_open() {
+    let bucket = bucket();
+    let job = Job::counting(2, 120_000, 89, 30_000, "150ms").on_s3(&bucket).output_on_s3(&bucket);
+    let watch = MarkerWatch::start(&job);
+    let mut child = job.spawn(&[]);
+    // The helper that lists open uploads must see one while the job runs,
+    // or the final check that none is left could not fail.
+    let (b, prefix) = job.s3_output.clone().unwrap();
+    let until = Instant::now() + Duration::from_secs(20);
+    let open_seen = loop {
+        let markers: Vec<String> = b.list(&format!("{prefix}/")).into_iter().filter(|k| k.ends_with(".upload")).collect();
+        let open = markers.iter().any(|m| {
+            let (dir, name) = m.rsplit_once('/').unwrap();
+            !b.open_uploads(&format!("{dir}/{}", &name[1..name.len() - ".upload".len()])).is_empty()
+        });
+        if open || Instant::now() > until {
+            break open;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(open_seen, "no open upload was ever listed while the job ran");
+    let kills = kill_workers_while_running(&job, &mut child, 4);
+    let out = wait_with_timeout(child, Duration::from_secs(180));
+    assert!(out.status.success(), "weir run failed:\n{}", stderr(&out));
+    assert!(kills >= 2, "only {kills} kills happened before the job ended");
+    job.assert_exactly_once();
+    assert_no_upload_left(&job, &watch.finish());
+    assert!(!job.path("out").exists(), "an s3:// sink wrote to local disk");
+}
+
+#[test]
+fn whole_tree_kills_then_restore_latest_with_s3_output_keep_exactly_once() {
+    let bucket = bucket();
+    let job = Job::counting(2, 150_000, 61, 30_000, "200ms").on_s3(&bucket).output_on_s3(&bucket);
+    let watch = MarkerWatch::start(&job);
+    kill_trees_then_restore_latest(&job, 700..1500, Some("3"));
+    job.assert_exactly_once();
+    assert_no_upload_left(&job, &watch.finish());
+}
+
+/// Records come faster than checkpoints: files roll at `max_file_bytes`
+/// and are uploaded in several parts, and still appear only at completion.
+#[test]
+fn big_output_rolls_by_size_into_multipart_objects_exactly_once() {
+    let bucket = bucket();
+    let max = 12u64 << 20;
+    let yaml = format!("name: eo-test\nparallelism: 1\ncheckpoint:\n  interval: 4s\n  mode: aligned\nsource:\n  generator:\n    events: 700000\n    keys: 101\n    rate: 0\n    batch_size: 1024\nsteps:\n  - key_by: key\n  - running_count: count\nsink:\n  file:\n    path: out/eo\n    format: jsonl\n    guarantee: exactly-once\n    max_file_bytes: {max}\n");
+    let job = Job::with_pipeline(&yaml, 700_000, 101).on_s3(&bucket).output_on_s3(&bucket);
+    let out = wait_with_timeout(job.spawn(&[]), Duration::from_secs(180));
+    assert!(out.status.success(), "weir run failed:\n{}", stderr(&out));
+    job.assert_exactly_once();
+    let (b, prefix) = job.s3_output.as_ref().unwrap();
+    let objects = b.etags(&format!("{prefix}/"));
+    let multipart = objects.iter().filter(|(_, etag)| etag.rsplit_once('-').is_some_and(|(_, n)| n.parse::<u32>().is_ok_and(|n| n >= 2))).count();
+    assert!(multipart >= 2, "expected files of several 5 MiB parts, got ETags {objects:?}");
+    let sizes: Vec<usize> = objects.iter().map(|(k, _)| b.get(k).unwrap().len()).collect();
+    assert!(sizes.iter().all(|&s| (s as u64) < max + (1 << 20)), "a file grew past max_file_bytes: {sizes:?}");
+}
+
+#[test]
+fn s3_output_in_a_missing_bucket_fails_at_once_naming_the_path() {
+    let bucket = bucket();
+    let job = Job::counting(1, 5_000, 10, 0, "200ms").output_on_s3(&bucket);
+    let yaml = std::fs::read_to_string(job.path("pipeline.yaml")).unwrap();
+    job.write_pipeline(&yaml.replace("s3://weir/", "s3://no-such-output-bucket/"));
+    let start = Instant::now();
+    let out = job.run(&[]);
+    assert!(!out.status.success(), "weir run succeeded without the output bucket");
+    let err = stderr(&out);
+    assert!(err.contains("s3://no-such-output-bucket/"), "the error does not name the output:\n{err}");
+    assert!(start.elapsed() < Duration::from_secs(60), "took {:?} to fail", start.elapsed());
+}

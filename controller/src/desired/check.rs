@@ -68,6 +68,8 @@ pub fn check(job: &StreamJob, sink: &SinkSpec, settings: &WorkerSettings) -> Res
         expect_state: false,
         avoid_nodes: Vec::new(),
         avoid_nodes_relaxed: false,
+        silent_pods: Vec::new(),
+        coordinator_unreachable_since: None,
     };
     let pod = worker_pod(job, &run, 0, settings).map_err(|e| Refusal::invalid(e.to_string()))?;
     let storage = &job.spec.checkpoint.storage;
@@ -75,11 +77,15 @@ pub fn check(job: &StreamJob, sink: &SinkSpec, settings: &WorkerSettings) -> Res
         let what = format!("checkpoint storage {storage} (this job's directory {})", dir.display());
         shared(&pod, &dir, &what, "checkpoints")?;
     }
-    if let SinkSpec::File(FileSinkSpec { path, .. }) = sink {
-        let work = names::work_dir(&job.namespace().unwrap_or_else(|| "default".into()), &job.name_any());
-        let dir = normalize(&Path::new(&work).join(path));
-        let what = format!("the file sink's directory {path:?} ({})", dir.display());
-        shared(&pod, &dir, &what, "pending output files")?;
+    // Output in S3 needs no volume: pending uploads live in the bucket.
+    match sink {
+        SinkSpec::File(FileSinkSpec { path, .. }) if !path.starts_with("s3://") => {
+            let work = names::work_dir(&job.namespace().unwrap_or_else(|| "default".into()), &job.name_any());
+            let dir = normalize(&Path::new(&work).join(path));
+            let what = format!("the file sink's directory {path:?} ({})", dir.display());
+            shared(&pod, &dir, &what, "pending output files")?;
+        }
+        _ => {}
     }
     Ok(())
 }

@@ -291,9 +291,11 @@ fn worker_env(job: &StreamJob, run: &RunStatus, template: Vec<EnvVar>) -> Vec<En
 
 /// Where `s3://` storage is (WEIR_S3_*) and the credentials from the Secret
 /// the job names (AWS_*, by reference: the operator never reads the Secret).
-/// Only for `s3://` storage; variables the user sets come after and win.
+/// Only for `s3://` storage or a file sink writing to `s3://` (one S3 server
+/// for both); variables the user sets come after and win.
 fn s3_env(job: &StreamJob) -> Vec<EnvVar> {
-    let Some(s3) = job.spec.checkpoint.s3.as_ref().filter(|_| job.spec.checkpoint.storage.starts_with("s3://")) else {
+    let s3_output = job.spec.pipeline.0.pointer("/sink/file/path").and_then(|p| p.as_str()).is_some_and(|p| p.starts_with("s3://"));
+    let Some(s3) = job.spec.checkpoint.s3.as_ref().filter(|_| job.spec.checkpoint.storage.starts_with("s3://") || s3_output) else {
         return Vec::new();
     };
     let value = |name: &str, v: String| EnvVar { name: name.into(), value: Some(v), ..Default::default() };

@@ -18,12 +18,33 @@ pub enum SinkSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FileSinkSpec {
-    /// Output directory, relative to the directory the job is started in.
+    /// Output directory, relative to the directory the job is started in,
+    /// or `s3://BUCKET/PREFIX` (written through multipart uploads that are
+    /// completed when their checkpoint completes).
     pub path: String,
     #[serde(default)]
     pub format: FileFormat,
     #[serde(default = "exactly_once")]
     pub guarantee: Guarantee,
+    /// A new file starts once the current one holds this many bytes
+    /// (default 128 MiB); a new file also starts at every checkpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_file_bytes: Option<u64>,
+}
+
+/// Where `max_file_bytes` is not set.
+pub const DEFAULT_MAX_FILE_BYTES: u64 = 128 << 20;
+
+impl FileSinkSpec {
+    /// The size at which the sink starts a new file.
+    pub fn max_file_bytes(&self) -> u64 {
+        self.max_file_bytes.unwrap_or(DEFAULT_MAX_FILE_BYTES)
+    }
+
+    /// The output is in S3 (`s3://…`) rather than in a directory.
+    pub fn is_s3(&self) -> bool {
+        self.path.starts_with("s3://")
+    }
 }
 
 fn exactly_once() -> Guarantee {
@@ -66,6 +87,14 @@ impl std::fmt::Display for Guarantee {
 }
 
 impl SinkSpec {
+    /// The file sink's settings, when this is one.
+    pub fn file(self) -> Option<FileSinkSpec> {
+        match self {
+            SinkSpec::File(f) => Some(f),
+            _ => None,
+        }
+    }
+
     pub fn guarantee(&self) -> Guarantee {
         match self {
             SinkSpec::File(f) => f.guarantee,
@@ -78,7 +107,25 @@ impl SinkSpec {
     pub(super) fn validate(&self, src: &PipelineSource) -> Result<(), PipelineError> {
         if let SinkSpec::File(f) = self {
             if f.path.is_empty() {
-                return Err(src.invalid("sink.file.path", "expected a directory path"));
+                return Err(src.invalid("sink.file.path", "expected a directory path or s3://BUCKET/PREFIX"));
+            }
+            if let Some((scheme, rest)) = f.path.split_once("://") {
+                if scheme != "s3" {
+                    return Err(src.invalid(
+                        "sink.file.path",
+                        format!("{:?}: unsupported scheme {scheme}://; expected a directory path or s3://BUCKET/PREFIX", f.path),
+                    ));
+                }
+                let bucket = rest.split('/').next().unwrap_or_default();
+                if bucket.is_empty() || rest.contains(['?', '#', '@']) {
+                    return Err(src.invalid(
+                        "sink.file.path",
+                        format!("{:?}: expected s3://BUCKET/PREFIX (a bucket, then an optional prefix; no user, query or fragment)", f.path),
+                    ));
+                }
+            }
+            if f.max_file_bytes == Some(0) {
+                return Err(src.invalid("sink.file.max_file_bytes", "expected a size in bytes above 0"));
             }
             if f.guarantee == Guarantee::AtMostOnce {
                 return Err(src.invalid(

@@ -15,7 +15,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use object_store::aws::AmazonS3Builder;
+use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::{BackoffConfig, ClientOptions, ObjectStore, RetryConfig};
 
 /// Where the S3 store of this process is. Every field is optional: without
@@ -88,6 +88,12 @@ pub fn settings() -> S3Settings {
 /// restarted mid-run costs a slow checkpoint, not a failed run; a store gone
 /// for longer fails the request, and the checkpoint with it.
 pub(crate) fn store(url: &url::Url) -> Result<Arc<dyn ObjectStore>, String> {
+    Ok(Arc::new(amazon_s3(url)?))
+}
+
+/// The S3 client itself, for what only S3 has (multipart uploads that
+/// outlive the process: the file sink's two-phase commit).
+pub(crate) fn amazon_s3(url: &url::Url) -> Result<AmazonS3, String> {
     let s = settings();
     let mut builder = AmazonS3Builder::from_env()
         .with_url(url.as_str())
@@ -107,8 +113,7 @@ pub(crate) fn store(url: &url::Url) -> Result<Arc<dyn ObjectStore>, String> {
         builder = builder.with_region("us-east-1");
     }
     // The builder's errors name the setting that is wrong, never a secret.
-    let store = builder.build().map_err(|e| e.to_string())?;
-    Ok(Arc::new(store))
+    builder.build().map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

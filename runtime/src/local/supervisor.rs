@@ -92,7 +92,9 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
         std::fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
         locks.push(RunLock::acquire(&dir.join(RUN_LOCK), "state directory", &holder)?);
     }
-    if let weir_api::SinkSpec::File(f) = &spec.sink {
+    // Output in S3 has no kernel lock; the state's lease below covers the
+    // usual case (one job, one state, one output).
+    if let Some(f) = spec.sink.clone().file().filter(|f| !f.is_s3()) {
         let out = base_dir.join(&f.path);
         std::fs::create_dir_all(&out).map_err(Error::io(format!("file sink: cannot create {}", out.display())))?;
         locks.push(RunLock::acquire(&out.join(format!(".weir-{}.lock", spec.name)), "output directory", &holder)?);

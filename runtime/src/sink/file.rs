@@ -1,8 +1,10 @@
-//! The file sink, exactly-once by two-phase commit.
+//! The file sink in a directory, exactly-once by two-phase commit.
 //!
 //! Records go to an in-progress file whose name begins with `.`, opened at the
-//! first record after a barrier. At the barrier the file is flushed, synced and
-//! closed, and becomes pending on that checkpoint (phase one; the pending list
+//! first record after a barrier. When it reaches `max_file_bytes` it is
+//! synced and closed and the next record opens another. At the barrier the
+//! open file is flushed, synced and closed, and every file closed since the
+//! last barrier becomes pending on that checkpoint (phase one; the pending list
 //! is the sink's checkpointed state). When the checkpoint completes, pending
 //! files are renamed to their final names (phase two). Renaming is atomic and
 //! idempotent: a file already renamed is skipped, so a commit repeated after a
@@ -17,11 +19,10 @@
 
 use std::collections::HashSet;
 use std::fs::File;
-use std::io::BufWriter;
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use arrow::array::RecordBatch;
-use arrow::json::LineDelimitedWriter;
 use serde::{Deserialize, Serialize};
 use weir_api::{FileSinkSpec, Guarantee};
 
@@ -36,6 +37,18 @@ pub struct PendingFile {
     /// Final name, relative to the sink's directory.
     #[serde(rename = "final")]
     pub final_name: String,
+    /// For `s3://` output: the multipart upload that completing publishes
+    /// (`temp` is then the name of the upload's marker object).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload: Option<PendingUpload>,
+}
+
+/// A multipart upload whose parts are all uploaded, waiting for its checkpoint.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PendingUpload {
+    pub id: String,
+    /// The parts' ETags, in order.
+    pub parts: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -44,9 +57,10 @@ pub struct FileSinkState {
 }
 
 struct OpenFile {
-    writer: LineDelimitedWriter<BufWriter<File>>,
+    writer: BufWriter<File>,
     temp: String,
     final_name: String,
+    bytes: u64,
 }
 
 pub struct FileSink {
@@ -56,7 +70,11 @@ pub struct FileSink {
     run_id: String,
     next_file: u64,
     exactly_once: bool,
+    max_file_bytes: u64,
     current: Option<OpenFile>,
+    /// Files rolled by size since the last barrier: synced and closed,
+    /// pending on the next checkpoint.
+    closed: Vec<(String, String)>,
     pending: Vec<PendingFile>,
 }
 
@@ -74,7 +92,9 @@ impl FileSink {
             run_id: run_id.to_string(),
             next_file: 0,
             exactly_once: spec.guarantee == Guarantee::ExactlyOnce,
+            max_file_bytes: spec.max_file_bytes(),
             current: None,
+            closed: Vec::new(),
             pending: Vec::new(),
         };
         let pending: Vec<PendingFile> = restore.mine.into_iter().flat_map(|s| s.pending).collect();
@@ -95,6 +115,9 @@ impl FileSink {
     }
 
     pub fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
         if self.current.is_none() {
             let stem = format!("part-{}.{}-{:03}-{:06}", self.job, self.run_id, self.subtask, self.next_file);
             self.next_file += 1;
@@ -102,24 +125,37 @@ impl FileSink {
             let path = self.path(&temp);
             let f = File::create(&path).map_err(Error::io(format!("file sink: cannot create {}", path.display())))?;
             self.current = Some(OpenFile {
-                writer: LineDelimitedWriter::new(BufWriter::with_capacity(1 << 16, f)),
+                writer: BufWriter::with_capacity(1 << 16, f),
                 temp,
                 final_name: format!("{stem}.jsonl"),
+                bytes: 0,
             });
         }
         if let Some(c) = &mut self.current {
-            c.writer.write(batch).map_err(Error::arrow(format!("file sink: writing {}", c.temp)))?;
+            let lines = super::encode_jsonl(batch).map_err(Error::arrow(format!("file sink: writing {}", c.temp)))?;
+            c.writer.write_all(&lines).map_err(Error::io(format!("file sink: writing {}", c.temp)))?;
+            c.bytes += lines.len() as u64;
+            if c.bytes >= self.max_file_bytes {
+                self.close_current()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Flushes, syncs and closes the current file, which then waits for the next barrier.
+    fn close_current(&mut self) -> Result<()> {
+        if let Some(c) = self.current.take() {
+            let file = c.writer.into_inner().map_err(|e| Error::io(format!("file sink: flushing {}", c.temp))(e.into_error()))?;
+            file.sync_data().map_err(Error::io(format!("file sink: syncing {}", c.temp)))?;
+            self.closed.push((c.temp, c.final_name));
         }
         Ok(())
     }
 
     pub fn pre_commit(&mut self, checkpoint_id: u64) -> Result<FileSinkState> {
-        if let Some(mut c) = self.current.take() {
-            c.writer.finish().map_err(Error::arrow(format!("file sink: finishing {}", c.temp)))?;
-            let buf = c.writer.into_inner();
-            let file = buf.into_inner().map_err(|e| Error::io(format!("file sink: flushing {}", c.temp))(e.into_error()))?;
-            file.sync_data().map_err(Error::io(format!("file sink: syncing {}", c.temp)))?;
-            let p = PendingFile { checkpoint: checkpoint_id, temp: c.temp, final_name: c.final_name };
+        self.close_current()?;
+        for (temp, final_name) in std::mem::take(&mut self.closed) {
+            let p = PendingFile { checkpoint: checkpoint_id, temp, final_name, upload: None };
             if self.exactly_once {
                 self.pending.push(p);
             } else {
@@ -148,7 +184,11 @@ impl FileSink {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && fin.exists() => Ok(()),
             // Every later restore of the checkpoint would find the same: fatal.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::LostPendingFile { temp, final_name: fin, checkpoint: p.checkpoint }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::LostPendingFile {
+                temp: temp.display().to_string(),
+                final_name: fin.display().to_string(),
+                checkpoint: p.checkpoint,
+            }),
             Err(e) => Err(Error::Io {
                 context: format!(
                     "file sink: committing {} (checkpoint {}) failed; the file holds records of a completed checkpoint",
@@ -209,7 +249,7 @@ mod tests {
     }
 
     fn spec() -> FileSinkSpec {
-        FileSinkSpec { path: "out".into(), format: Default::default(), guarantee: Guarantee::ExactlyOnce }
+        FileSinkSpec { path: "out".into(), format: Default::default(), guarantee: Guarantee::ExactlyOnce, max_file_bytes: None }
     }
 
     fn visible(dir: &Path) -> Vec<String> {
@@ -316,6 +356,24 @@ mod tests {
         let keep2: HashSet<String> = sp2.pending.iter().map(|p| p.temp.clone()).collect();
         FileSink::open(&spec(), "a", 0, "r3", SinkRestore { mine: vec![sp2], keep: Some(&keep2) }, dir.path()).unwrap();
         assert!(visible(dir.path()).contains(&r#"{"seq":2}"#.to_string()));
+    }
+
+    #[test]
+    fn files_roll_at_max_file_bytes_and_all_wait_for_their_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        // Each line `{"seq":N}\n` is 10 bytes: two lines fill a file of 20.
+        let spec = FileSinkSpec { max_file_bytes: Some(20), ..spec() };
+        let mut s = FileSink::open(&spec, "job", 0, "r1", SinkRestore::default(), dir.path()).unwrap();
+        for i in 0..5 {
+            s.write(&batch(vec![i])).unwrap();
+        }
+        let state = s.pre_commit(1).unwrap();
+        assert_eq!(state.pending.len(), 3, "{state:?}");
+        assert!(visible(dir.path()).is_empty(), "a rolled file became visible before its checkpoint completed");
+        s.commit(1).unwrap();
+        assert_eq!(visible(dir.path()).len(), 5);
+        let files = std::fs::read_dir(dir.path().join("out")).unwrap().flatten().filter(|e| !e.file_name().to_string_lossy().starts_with('.')).count();
+        assert_eq!(files, 3);
     }
 
     #[test]

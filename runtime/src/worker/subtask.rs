@@ -116,7 +116,7 @@ impl Subtask {
                     if let Output::Sink { sink, .. } = &mut self.output {
                         if let Notification::Complete(id) = n {
                             crate::fault::crash_point("before-commit", id);
-                            sink.commit(id)?;
+                            sink.commit(id).await?;
                             committed = committed.max(Some(id));
                             if input_ended && final_barrier.is_some_and(|f| f <= id) {
                                 return Ok(());
@@ -209,7 +209,7 @@ impl Subtask {
             }
             Output::Sink { sink, .. } => {
                 self.counters.records_out.fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
-                sink.write(&batch)?;
+                sink.write(&batch).await?;
             }
         }
         Ok(())
@@ -231,7 +231,7 @@ impl Subtask {
         let name = self.name();
         match &mut self.output {
             Output::Sink { sink, .. } => {
-                if let Some(state) = sink.pre_commit(barrier.checkpoint_id)? {
+                if let Some(state) = sink.pre_commit(barrier.checkpoint_id).await? {
                     let v = serde_json::to_value(state).map_err(|e| Error::Job(e.to_string()))?;
                     inline.push((SINK_ID.into(), OperatorSubtaskState { subtask: self.index, inline: Some(v), file: None }));
                 }

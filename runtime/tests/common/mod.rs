@@ -24,6 +24,9 @@ pub struct Job {
     pub env: Vec<(String, String)>,
     /// The S3 server of an `s3://` state, to read `run.json` from.
     pub s3: Option<minio::Bucket>,
+    /// The file sink's output when it is in S3 (see [`Job::output_on_s3`]):
+    /// the bucket and the key prefix.
+    pub s3_output: Option<(minio::Bucket, String)>,
 }
 
 impl Job {
@@ -38,7 +41,7 @@ impl Job {
     /// A job of any pipeline named `eo-test` whose sink writes to `out/eo`
     /// (what `worker_pids` and `committed_lines` expect).
     pub fn with_pipeline(yaml: &str, events: u64, keys: u64) -> Job {
-        let job = Job { dir: tempfile::tempdir().unwrap(), events, keys, state: "state".into(), env: Vec::new(), s3: None };
+        let job = Job { dir: tempfile::tempdir().unwrap(), events, keys, state: "state".into(), env: Vec::new(), s3: None, s3_output: None };
         job.write_pipeline(yaml);
         job
     }
@@ -50,6 +53,32 @@ impl Job {
         self.env = bucket.env();
         self.s3 = Some(bucket.clone());
         self
+    }
+
+    /// Writes the file sink's output to `bucket` (under a prefix of its
+    /// own) instead of `out/eo`: the pipeline's sink path becomes `s3://…`.
+    pub fn output_on_s3(mut self, bucket: &minio::Bucket) -> Job {
+        let prefix = format!("out-{}/eo", rand_suffix());
+        let yaml = std::fs::read_to_string(self.path("pipeline.yaml")).unwrap();
+        assert!(yaml.contains("path: out/eo\n"), "the pipeline's sink does not write to out/eo");
+        self.write_pipeline(&yaml.replace("path: out/eo\n", &format!("path: {}\n", bucket.url(&prefix))));
+        if self.env.is_empty() {
+            self.env = bucket.env();
+        }
+        self.s3_output = Some((bucket.clone(), prefix));
+        self
+    }
+
+    /// The keys of every object under the S3 output's prefix (markers included).
+    pub fn output_keys(&self) -> Vec<String> {
+        let (bucket, prefix) = self.s3_output.as_ref().expect("the output is in S3");
+        bucket.list(&format!("{prefix}/"))
+    }
+
+    /// The multipart uploads still open under the S3 output's prefix.
+    pub fn open_uploads(&self) -> Vec<String> {
+        let (bucket, prefix) = self.s3_output.as_ref().expect("the output is in S3");
+        bucket.open_uploads(&format!("{prefix}/"))
     }
 
     /// Takes a savepoint of the running job (retrying until it is up, 30 s
@@ -135,6 +164,18 @@ impl Job {
     /// Committed output: every line of every file whose name does not begin with `.`.
     pub fn committed_lines(&self) -> Vec<serde_json::Value> {
         let mut out = Vec::new();
+        if let Some((bucket, _)) = &self.s3_output {
+            for key in self.output_keys() {
+                if key.rsplit('/').next().is_some_and(|name| name.starts_with('.')) {
+                    continue;
+                }
+                let text = bucket.get(&key).unwrap_or_else(|| panic!("{key} was listed but cannot be read"));
+                for line in text.lines() {
+                    out.push(serde_json::from_str(line).unwrap_or_else(|err| panic!("bad line {line:?} in {key}: {err}")));
+                }
+            }
+            return out;
+        }
         let dir = self.path("out/eo");
         let Ok(entries) = std::fs::read_dir(&dir) else { return out };
         for e in entries.flatten() {
