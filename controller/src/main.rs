@@ -143,13 +143,13 @@ async fn main() -> anyhow::Result<()> {
     }
     // One watch of the jobs' pods both fills the pod cache reconciles read
     // and triggers them (the cache is updated before the trigger fires). Only
-    // what observing a pod needs is kept: metadata without managedFields, and
-    // status.
+    // what observing a pod needs is kept: metadata without managedFields,
+    // status, and of the spec only the node (lost nodes are avoided by it).
     let pod_cache = Arc::new(PodCache::default());
     let cache = pod_cache.clone();
     let pod_events = watcher(pods, watcher::Config::default().labels(names::JOB_LABEL))
         .modify(|pod| {
-            pod.spec = None;
+            pod.spec = pod.spec.take().map(|s| k8s_openapi::api::core::v1::PodSpec { node_name: s.node_name, ..Default::default() });
             pod.metadata.managed_fields = None;
         })
         .inspect(move |event| {

@@ -210,11 +210,14 @@ pub struct Observed {
     pub savepoint: Option<Option<SavepointOutcome>>,
     /// The last attempt to create the objects of the run in status was refused.
     pub rejected: Option<Rejection>,
+    /// Pods whose workers a failed run named as silent (`status.run.silentPods`):
+    /// abandoned as soon as they are being deleted.
+    pub silent: Vec<String>,
 }
 
 impl Observed {
     pub fn at(now: Timestamp) -> Observed {
-        Observed { now, pods: Vec::new(), coordinator: None, coordinator_error: None, savepoint: None, rejected: None }
+        Observed { now, pods: Vec::new(), coordinator: None, coordinator_error: None, savepoint: None, rejected: None, silent: Vec::new() }
     }
 
     /// Pods that do not belong to `run` (an earlier run, or stray), except
@@ -255,11 +258,15 @@ impl Observed {
         self.pods.iter().filter(|p| !self.is_abandoned(p)).count()
     }
 
+    /// Deleted, and either silent (its worker stopped sending heartbeats,
+    /// so its kubelet is unlikely to confirm the deletion soon) or still
+    /// there [`ABANDON_AFTER`] past its deletion deadline.
     fn is_abandoned(&self, pod: &PodView) -> bool {
         pod.state == PodState::Terminating
-            && pod
-                .deletion_deadline
-                .is_some_and(|t| std::time::Duration::try_from(self.now.duration_since(t)).is_ok_and(|waited| waited >= ABANDON_AFTER))
+            && (self.silent.contains(&pod.name)
+                || pod
+                    .deletion_deadline
+                    .is_some_and(|t| std::time::Duration::try_from(self.now.duration_since(t)).is_ok_and(|waited| waited >= ABANDON_AFTER)))
     }
 
     pub fn health(&self, run: &RunStatus) -> RunHealth {

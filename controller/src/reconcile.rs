@@ -136,6 +136,7 @@ async fn observe(job: &StreamJob, ctx: &Context, ns: &str, pods: Vec<PodView>) -
     observed.pods = pods;
     let status = job.status.clone().unwrap_or_default();
     let Some(run) = &status.run else { return Ok(observed) };
+    observed.silent = run.silent_pods.clone();
     observed.rejected = job
         .uid()
         .and_then(|uid| ctx.rejections.lock().ok().and_then(|m| m.get(&uid).cloned()))

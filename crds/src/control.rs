@@ -229,3 +229,32 @@ mod tests {
         assert_eq!(o.state, SavepointState::Pending);
     }
 }
+
+/// How a run fails when worker `worker` (at `addr`) stopped sending
+/// heartbeats for `timeout_secs`: the operator reads the worker index back
+/// with [`silent_worker`] to stop waiting for that worker's pod.
+pub fn silence_message(worker: u32, addr: &str, timeout_secs: f64) -> String {
+    format!("worker {worker} ({addr}) sent nothing for {timeout_secs:.1}s (the heartbeat timeout): it is frozen, cut off, or its node is lost")
+}
+
+/// The worker a failure message of [`silence_message`] names.
+pub fn silent_worker(message: &str) -> Option<u32> {
+    let at = message.find(") sent nothing for ")?;
+    let start = message[..at].rfind("worker ")?;
+    let rest = &message[start + "worker ".len()..at];
+    rest.split(' ').next()?.parse().ok()
+}
+
+#[cfg(test)]
+mod silence_tests {
+    use super::*;
+
+    #[test]
+    fn the_silent_worker_is_read_back_from_a_failure_message() {
+        let m = silence_message(3, "10.244.1.7:6120", 5.0);
+        assert_eq!(silent_worker(&m), Some(3));
+        assert_eq!(silent_worker(&format!("Error: run failed: lost the coordinator: {}", silence_message(0, "[fd00::1]:6120", 2.5))), Some(0));
+        assert_eq!(silent_worker("worker 2 exited with code 1"), None);
+        assert_eq!(silent_worker("worker x (a) sent nothing for 1s"), None);
+    }
+}

@@ -20,6 +20,8 @@ fn run(restore: Option<&str>) -> RunStatus {
         expect_state: false,
         avoid_nodes: Vec::new(),
         avoid_nodes_relaxed: false,
+        silent_pods: Vec::new(),
+        coordinator_unreachable_since: None,
     }
 }
 

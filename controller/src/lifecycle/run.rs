@@ -48,6 +48,8 @@ pub(super) fn new_run(cx: &Cx, st: &mut StreamJobStatus, restore_from: Option<St
         restore_from,
         avoid_nodes: Vec::new(),
         avoid_nodes_relaxed: false,
+        silent_pods: Vec::new(),
+        coordinator_unreachable_since: None,
     });
 }
 
@@ -257,7 +259,26 @@ pub(super) fn begin_recovery(cx: &Cx, st: &mut StreamJobStatus, reason: &str, me
     }
     let wait = backoff_delay(backoff.initial.get(), backoff.max.get(), st.restarts_in_a_row);
     let not_before = cx.now.checked_add(wait).unwrap_or(cx.now);
+    // The worker the failure names as silent (frozen, cut off, its node
+    // lost): its pod will not confirm its deletion soon, and need not.
+    // Its node is frozen or lost, and with it every pod of the run there.
+    let silent: Vec<String> = (|| {
+        let index = weir_api::control::silent_worker(message)?;
+        let old = st.run.as_ref()?.id.clone();
+        let pods: Vec<&crate::observe::PodView> = cx.obs.pods.iter().filter(|p| p.run.as_deref() == Some(old.as_str())).collect();
+        let pod = pods.iter().find(|p| p.index == Some(index))?;
+        let mut names: Vec<String> = match &pod.node {
+            Some(node) => pods.iter().filter(|p| p.node.as_ref() == Some(node)).map(|p| p.name.clone()).collect(),
+            None => vec![pod.name.clone()],
+        };
+        names.sort();
+        Some(names)
+    })()
+    .unwrap_or_default();
     new_run(cx, st, Some(LATEST.into()), Some(not_before));
+    if let Some(run) = st.run.as_mut() {
+        run.silent_pods = silent;
+    }
     Ok(format!("{message}; restoring the job from the latest completed checkpoint in {} (restart {})", human(wait), st.restarts))
 }
 

@@ -15,6 +15,12 @@ pub struct Running;
 /// How often a running job's progress is read into status.
 pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(5);
 
+/// How long the coordinator of a run whose pods all look Running may leave
+/// the operator unanswered before the run counts as lost: longer than the
+/// workers' own heartbeat timeout (5 s), so that when some worker survives
+/// its report comes first.
+pub const COORDINATOR_SILENCE_LIMIT: Duration = Duration::from_secs(8);
+
 impl State for Running {
     const PHASE: Option<weir_api::streamjob::Phase> = Some(weir_api::streamjob::Phase::Running);
 
@@ -31,10 +37,61 @@ impl State for Running {
                     .event("Finished", "every source ended and the final checkpoint committed")
                     .message("finished: every source ended and the final checkpoint committed");
             }
-            RunHealth::Running { .. } | RunHealth::Starting { .. } | RunHealth::NotCreated => {}
+            RunHealth::Running { ips } => {
+                // Workers report a silent peer; when the whole run sits on one
+                // lost node nobody is left to, and the pods keep looking
+                // Running until the node controller acts (40 s and more).
+                let since = match (&cx.obs.coordinator, &cx.obs.coordinator_error) {
+                    (None, Some(_)) => Some(run.coordinator_unreachable_since.clone().map(|t| t.0).unwrap_or(cx.now)),
+                    _ => None,
+                };
+                if let Some(r) = st.run.as_mut() {
+                    r.coordinator_unreachable_since = since.map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time);
+                }
+                if let (Some(since), Some(ip)) = (since, ips.first()) {
+                    let silent = Duration::try_from(cx.now.duration_since(since)).unwrap_or_default();
+                    if silent >= COORDINATOR_SILENCE_LIMIT {
+                        let addr = std::net::SocketAddr::new(*ip, weir_api::control::CONTROL_PORT).to_string();
+                        let why = cx.obs.coordinator_error.clone().unwrap_or_default();
+                        let m = format!(
+                            "the operator could not reach the run's coordinator: {}; last error: {why}",
+                            weir_api::control::silence_message(0, &addr, silent.as_secs_f64())
+                        );
+                        return after_failure::<Running>(cx, st, "CoordinatorUnreachable", &m, false);
+                    }
+                    // A time, not a countdown: the status must not change at every reconcile.
+                    let at = since.round(jiff::Unit::Second).unwrap_or(since);
+                    let m = format!("running; the coordinator has not answered since {at}");
+                    return Step::stay::<Running>().message(m.clone()).degraded("CoordinatorUnreachable", m).requeue(Duration::from_secs(1));
+                }
+            }
+            RunHealth::Starting { .. } | RunHealth::NotCreated => {}
         }
         record_progress(cx, st);
         let spec = &cx.job.spec;
+
+        // The watchdog on checkpoint progress: pods can all look healthy
+        // while the job is stuck (a wedged subtask, storage that hangs).
+        let mut stalling = None;
+        if let Some(limit) = spec.checkpoint.progress_limit() {
+            let since = st.last_checkpoint.as_ref().map(|c| c.time.0).filter(|t| *t > run.started_at.0).unwrap_or(run.started_at.0);
+            let stalled = Duration::try_from(cx.now.duration_since(since)).unwrap_or_default();
+            if stalled >= limit {
+                let m = format!(
+                    "no checkpoint completed for {} (spec.checkpoint.progressTimeout {}): the run is stuck",
+                    human(stalled),
+                    human(limit)
+                );
+                return after_failure::<Running>(cx, st, "CheckpointsStalled", &m, false);
+            }
+            if stalled >= limit / 2 {
+                stalling = Some(format!(
+                    "no checkpoint completed for {}; the job is restarted after {} without one (spec.checkpoint.progressTimeout)",
+                    human(stalled),
+                    human(limit)
+                ));
+            }
+        }
 
         // A failed savepoint (upgrade or suspension) is retried after a pause,
         // never replaced by something weaker.
@@ -85,7 +142,9 @@ impl State for Running {
         } else if let Some(c) = &st.last_checkpoint {
             step = step.message(format!("running; checkpoint {} complete", c.id));
         }
-        if st.restarts_in_a_row > 0 {
+        if let Some(m) = stalling {
+            step = step.degraded("CheckpointsStalled", m);
+        } else if st.restarts_in_a_row > 0 {
             let why = st.last_failure.as_ref().map(|f| f.message.clone()).unwrap_or_default();
             step = step.degraded("RecentRestart", format!("restarted after a failure and no checkpoint completed since: {why}"));
         }

@@ -18,6 +18,8 @@ struct World {
     now: Timestamp,
     pods: Vec<k8s_openapi::api::core::v1::Pod>,
     coordinator: Option<JobStatus>,
+    /// Why the coordinator did not answer (with `coordinator` None).
+    coordinator_error: Option<String>,
     savepoint: Option<Option<SavepointOutcome>>,
     /// What the reconciler saw when it last created the run's objects.
     rejected: Option<Rejection>,
@@ -31,6 +33,7 @@ impl World {
             now: Timestamp::from_second(1_800_000_000).unwrap(),
             pods: Vec::new(),
             coordinator: None,
+            coordinator_error: None,
             savepoint: None,
             rejected: None,
             settings: WorkerSettings::default(),
@@ -41,8 +44,11 @@ impl World {
         let mut obs = Observed::at(self.now);
         obs.pods = self.pods.iter().map(PodView::of).collect();
         obs.coordinator = self.coordinator.clone();
+        obs.coordinator_error = self.coordinator_error.clone();
         obs.savepoint = self.savepoint.clone();
         obs.rejected = self.rejected.clone();
+        // As the reconciler's observation takes it from status.
+        obs.silent = self.job.status.as_ref().and_then(|s| s.run.as_ref()).map(|r| r.silent_pods.clone()).unwrap_or_default();
         let d = decide(&self.job, &obs, &self.settings);
         self.job.status = Some(d.status.clone());
         // What the effects would do to the pods.
@@ -308,6 +314,48 @@ fn a_pod_of_the_old_run_stuck_terminating_on_a_lost_node_is_recorded_and_not_wai
     w.pods.retain(|p| p.metadata.name.as_deref() != Some(&stuck_name));
     let d = w.step();
     assert!(d.status.abandoned_pods.is_empty());
+}
+
+/// Worker 0 heard nothing from worker 1 for the heartbeat timeout and the
+/// run failed naming it: worker 1's node is frozen or lost, so its pod will
+/// not confirm its deletion. The next run does not wait for it at all (not
+/// even the deletion deadline) and avoids its node.
+#[test]
+fn a_pod_the_failed_run_names_as_silent_is_not_waited_for() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    let mut w = World::running(JobBuilder::new("j").build());
+    let old_run = w.run_id();
+    let mut failed = exited(w.pods[0].clone(), 1);
+    let t = failed.status.as_mut().unwrap().container_statuses.as_mut().unwrap()[0].state.as_mut().unwrap().terminated.as_mut().unwrap();
+    t.message = Some(format!("run failed: {}", weir_api::control::silence_message(1, "10.0.0.8:6120", 5.0)));
+    w.pods[0] = failed;
+    let mut silent = w.pods[1].clone();
+    silent.spec = Some(k8s_openapi::api::core::v1::PodSpec { node_name: Some("node-2".into()), ..Default::default() });
+    let silent_name = silent.metadata.name.clone().unwrap();
+    let failed_at = w.now;
+    let mut started = None;
+    for _ in 0..80 {
+        let d = w.step();
+        if !w.pods.iter().any(|p| p.metadata.name.as_deref() == Some(&silent_name)) {
+            // Deleted, but its kubelet never confirms it.
+            let mut stuck = silent.clone();
+            stuck.metadata.deletion_timestamp = Some(Time(w.now.checked_add(Duration::from_secs(10)).unwrap()));
+            stuck.metadata.deletion_grace_period_seconds = Some(10);
+            w.pods.push(stuck);
+        }
+        if d.effects.contains(&Effect::CreateRun) {
+            let run = d.status.run.clone().unwrap();
+            assert_ne!(run.id, old_run);
+            assert_eq!(run.silent_pods, vec![silent_name.clone()]);
+            assert_eq!(run.avoid_nodes, vec!["node-2".to_string()], "the new run must not land on the silent worker's node");
+            started = Some(w.now);
+            break;
+        }
+        w.advance(Duration::from_millis(250));
+    }
+    let started = started.expect("the new run waited for the silent worker's pod");
+    let waited = Duration::try_from(started.duration_since(failed_at)).unwrap();
+    assert!(waited < Duration::from_secs(5), "waited {waited:?}: the deletion deadline (10 s) must not count for a silent worker");
 }
 
 /// If the nodes of abandoned pods were the only ones with room (one node,
@@ -1010,4 +1058,94 @@ fn waiting_out_a_backoff_leaves_the_status_as_it_is() {
     let waiting = w.step().status;
     w.advance(Duration::from_millis(300));
     assert_eq!(w.step().status, waiting, "a refusal's backoff");
+}
+
+/// Pods can look healthy while checkpoints stop completing (a wedged
+/// subtask, storage that hangs): the job is Degraded after half of
+/// `spec.checkpoint.progressTimeout` and restored after all of it.
+#[test]
+fn a_job_whose_checkpoints_stop_completing_is_degraded_then_restarted() {
+    let job = JobBuilder::new("j").spec(|s| s.checkpoint.progress_timeout = Some(weir_api::pipeline::HumanDuration::from_millis(60_000))).build();
+    let mut w = World::running(job);
+    let old_run = w.run_id();
+    for id in 1..=3 {
+        w.advance(Duration::from_secs(5));
+        w.checkpoint(id);
+        let d = w.step();
+        assert!(!d.status.conditions.iter().any(|c| c.type_ == "Degraded" && c.status == "True"), "degraded while checkpoints complete");
+    }
+    w.advance(Duration::from_secs(31));
+    let d = w.step();
+    let (status, reason, message) = condition(&d, "Degraded");
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "CheckpointsStalled"), "{message}");
+    assert_eq!(w.phase(), Some(Phase::Running));
+    w.advance(Duration::from_secs(30));
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Recovering));
+    assert_ne!(w.run_id(), old_run);
+    let failure = d.status.last_failure.unwrap();
+    assert_eq!(failure.reason, "CheckpointsStalled");
+    assert!(failure.message.contains("progressTimeout"), "{}", failure.message);
+}
+
+/// Without periodic checkpoints (interval 0s) there is no progress to watch.
+#[test]
+fn a_job_without_periodic_checkpoints_is_never_restarted_for_lack_of_them() {
+    let job = JobBuilder::new("j").spec(|s| s.checkpoint.interval = weir_api::pipeline::HumanDuration::from_millis(0)).build();
+    let mut w = World::running(job);
+    let run = w.run_id();
+    for _ in 0..10 {
+        w.advance(Duration::from_secs(600));
+        w.step();
+    }
+    assert_eq!((w.phase(), w.run_id()), (Some(Phase::Running), run));
+}
+
+/// Every pod of the run was on one node that is lost: no worker is left to
+/// report a silent peer, and the pods look Running in the API for 40 s and
+/// more. The coordinator not answering the operator for
+/// `COORDINATOR_SILENCE_LIMIT` fails the run, and the next one starts at
+/// once beside the pods of that node and away from it.
+#[test]
+fn a_run_whose_coordinator_stops_answering_the_operator_is_restored_without_waiting_for_its_pods() {
+    use super::running::COORDINATOR_SILENCE_LIMIT;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    let mut w = World::running(JobBuilder::new("j").build());
+    let old_run = w.run_id();
+    for p in w.pods.iter_mut() {
+        p.spec = Some(k8s_openapi::api::core::v1::PodSpec { node_name: Some("node-1".into()), ..Default::default() });
+    }
+    let lost: Vec<_> = w.pods.clone();
+    w.coordinator = None;
+    w.coordinator_error = Some("connect timed out".into());
+    let lost_at = w.now;
+    // A moment of silence is no failure.
+    w.advance(Duration::from_secs(2));
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Running));
+    assert_eq!(condition(&d, "Degraded").1, "CoordinatorUnreachable");
+    let mut started = None;
+    for _ in 0..80 {
+        w.advance(Duration::from_millis(500));
+        let d = w.step();
+        // Deleted, they never go: their kubelet is gone.
+        for p in &lost {
+            if !w.pods.iter().any(|q| q.metadata.name == p.metadata.name) {
+                let mut stuck = p.clone();
+                stuck.metadata.deletion_timestamp = Some(Time(w.now.checked_add(Duration::from_secs(10)).unwrap()));
+                w.pods.push(stuck);
+            }
+        }
+        if d.effects.contains(&Effect::CreateRun) {
+            let run = d.status.run.clone().unwrap();
+            assert_ne!(run.id, old_run);
+            assert_eq!(run.silent_pods.len(), 2, "{:?}", run.silent_pods);
+            assert_eq!(run.avoid_nodes, vec!["node-1".to_string()]);
+            assert_eq!(d.status.last_failure.as_ref().unwrap().reason, "CoordinatorUnreachable");
+            started = Some(w.now);
+            break;
+        }
+    }
+    let waited = Duration::try_from(started.expect("no new run").duration_since(lost_at)).unwrap();
+    assert!(waited < COORDINATOR_SILENCE_LIMIT + Duration::from_secs(4), "the new run started {waited:?} after the coordinator went silent");
 }

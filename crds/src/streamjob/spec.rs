@@ -326,10 +326,31 @@ pub struct CheckpointSettings {
     #[serde(default = "default_retain")]
     #[schemars(range(min = 1, max = 1000))]
     pub retain: i32,
-    /// Where the S3 server of `s3://` storage is and where credentials come from.
+    /// Where the S3 server of `s3://` storage (and of a file sink writing to `s3://`) is and where credentials come from.
     /// Unset: AWS S3, with credentials from the pod's environment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub s3: Option<S3Storage>,
+    /// A running job that completes no checkpoint for this long (counted from
+    /// its last completed checkpoint, or from the start of its run) is stuck:
+    /// it is Degraded after half of it and restarted from the latest
+    /// completed checkpoint after all of it. Unset: 20 intervals or 2
+    /// timeouts, whichever is longer; no limit when the interval is `0s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress_timeout: Option<HumanDuration>,
+}
+
+impl CheckpointSettings {
+    /// How long a running job may go without a completed checkpoint;
+    /// `None` when periodic checkpoints are off.
+    pub fn progress_limit(&self) -> Option<std::time::Duration> {
+        if self.interval.get().is_zero() {
+            return None;
+        }
+        Some(match self.progress_timeout {
+            Some(t) => t.get(),
+            None => (self.interval.get() * 20).max(self.timeout.get() * 2),
+        })
+    }
 }
 
 /// The S3 (or S3-compatible: MinIO, Ceph, R2) server of `s3://` checkpoint storage.

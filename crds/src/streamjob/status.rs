@@ -219,6 +219,17 @@ pub struct RunStatus {
     /// avoids no node.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub avoid_nodes_relaxed: bool,
+    /// Pods of the previous run whose workers stopped sending heartbeats
+    /// (the previous run failed naming them): once deleted, this run does
+    /// not wait for them to go, and avoids their nodes. Frozen or cut off,
+    /// they cannot pass the run fence in storage.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub silent_pods: Vec<String>,
+    /// Since when the coordinator has not answered the operator while every
+    /// pod of the run looked Running (its node lost with all the run's
+    /// pods, so no worker is left to report it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coordinator_unreachable_since: Option<Time>,
 }
 
 fn is_zero(n: &i32) -> bool {

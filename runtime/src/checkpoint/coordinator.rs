@@ -233,7 +233,7 @@ async fn accept_workers(listener: TcpListener, run_id: String, proof: String, re
             });
             loop {
                 let Ok(next) = tokio::time::timeout(heartbeat_timeout(), stream.next()).await else {
-                    let _ = events.send(Event::Lost { worker, reason: silence(&format!("worker {worker} ({peer})")) });
+                    let _ = events.send(Event::Lost { worker, reason: silence(worker, &peer.to_string()) });
                     return;
                 };
                 let msg = match next {

@@ -166,7 +166,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
         tokio::spawn(async move {
             loop {
                 let Ok(next) = tokio::time::timeout(protocol::heartbeat_timeout(), conn_rx.next()).await else {
-                    let _ = lost_tx.send(format!("lost the coordinator: {}", protocol::silence(&coordinator_peer))).await;
+                    let _ = lost_tx.send(format!("lost the coordinator: {}", protocol::silence(0, &coordinator_peer))).await;
                     return;
                 };
                 let msg = match next {
@@ -353,7 +353,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                         mine: sink_states.iter().filter(|(old, _)| old % p == j).map(|(_, s)| s.clone()).collect(),
                         keep: if j == 0 { keep.as_ref() } else { None },
                     };
-                    let sink = SinkWriter::open(&spec.sink, &spec.name, j, &cluster.run_id, restore, &cfg.base_dir)?;
+                    let sink = SinkWriter::open(&spec.sink, &spec.name, j, &cluster.run_id, restore, &cfg.base_dir).await?;
                     let notifications = sink_notifications.remove(&j).ok_or_else(|| Error::Job("sink notifications taken twice".into()))?;
                     Output::Sink { sink, notifications }
                 }
@@ -452,7 +452,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
         // Retention ran before the final commit: what it deleted no longer
         // protects in-progress files.
         let keep = restore::referenced_sink_files(&storage, None).await?;
-        crate::sink::clean_up_after_finish(&spec.sink, &spec.name, &cluster.run_id, &keep, &cfg.base_dir)?;
+        crate::sink::clean_up_after_finish(&spec.sink, &spec.name, &cluster.run_id, &keep, &cfg.base_dir).await?;
     }
     // Let the coordinator answer the last status requests of the supervisor.
     tokio::time::sleep(Duration::from_millis(100)).await;

@@ -102,12 +102,10 @@ pub fn heartbeat_interval() -> Duration {
     (heartbeat_timeout() / 5).max(Duration::from_millis(20))
 }
 
-/// Why a silent peer counts as lost, for the run's failure message.
-pub fn silence(peer: &str) -> String {
-    format!(
-        "{peer} sent nothing for {:.1}s (the heartbeat timeout): it is frozen, cut off, or its node is lost",
-        heartbeat_timeout().as_secs_f64()
-    )
+/// Why a silent peer (worker `worker` at `addr`) counts as lost, for the
+/// run's failure message; the operator reads the worker back from it.
+pub fn silence(worker: u32, addr: &str) -> String {
+    weir_api::control::silence_message(worker, addr, heartbeat_timeout().as_secs_f64())
 }
 
 pub type ControlStream = Framed<TcpStream, tokio_util::codec::LengthDelimitedCodec>;
