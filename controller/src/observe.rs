@@ -35,6 +35,9 @@ const START_TROUBLE: &[&str] = &["ErrImagePull", "ImagePullBackOff", "CreateCont
 /// fence in storage, which such a pod can never pass.
 pub const ABANDON_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// The kubelet's port, probed on the node of a pod that is being deleted.
+pub const KUBELET_PORT: u16 = 10250;
+
 /// How long a worker pod may be stuck on a [`START_TROUBLE`] reason, counted
 /// from the pod's creation or, when later, its scheduling, before its run
 /// counts as failed.
@@ -68,6 +71,8 @@ pub struct PodView {
     pub deletion_deadline: Option<Timestamp>,
     /// The node it was scheduled to.
     pub node: Option<String>,
+    /// The IP of that node (the kubelet's address).
+    pub host_ip: Option<IpAddr>,
     /// The scheduler found no node for it (PodScheduled False, Unschedulable).
     pub unschedulable: bool,
 }
@@ -136,6 +141,7 @@ impl PodView {
             ip,
             state,
             node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            host_ip: status.host_ip.as_deref().and_then(|s| s.parse().ok()),
             unschedulable: status
                 .conditions
                 .as_ref()
@@ -213,11 +219,15 @@ pub struct Observed {
     /// Pods whose workers a failed run named as silent (`status.run.silentPods`):
     /// abandoned as soon as they are being deleted.
     pub silent: Vec<String>,
+    /// Nodes (by IP) of pods being deleted whose kubelet refused or did not
+    /// take a TCP connection: killed or cut off, it will not confirm any
+    /// deletion, so their pods are abandoned at once.
+    pub kubelets_gone: Vec<IpAddr>,
 }
 
 impl Observed {
     pub fn at(now: Timestamp) -> Observed {
-        Observed { now, pods: Vec::new(), coordinator: None, coordinator_error: None, savepoint: None, rejected: None, silent: Vec::new() }
+        Observed { now, pods: Vec::new(), coordinator: None, coordinator_error: None, savepoint: None, rejected: None, silent: Vec::new(), kubelets_gone: Vec::new() }
     }
 
     /// Pods that do not belong to `run` (an earlier run, or stray), except
@@ -259,11 +269,13 @@ impl Observed {
     }
 
     /// Deleted, and either silent (its worker stopped sending heartbeats,
-    /// so its kubelet is unlikely to confirm the deletion soon) or still
-    /// there [`ABANDON_AFTER`] past its deletion deadline.
+    /// so its kubelet is unlikely to confirm the deletion soon), on a node
+    /// whose kubelet is gone, or still there [`ABANDON_AFTER`] past its
+    /// deletion deadline.
     fn is_abandoned(&self, pod: &PodView) -> bool {
         pod.state == PodState::Terminating
             && (self.silent.contains(&pod.name)
+                || pod.host_ip.is_some_and(|ip| self.kubelets_gone.contains(&ip))
                 || pod
                     .deletion_deadline
                     .is_some_and(|t| std::time::Duration::try_from(self.now.duration_since(t)).is_ok_and(|waited| waited >= ABANDON_AFTER)))

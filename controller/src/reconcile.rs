@@ -137,6 +137,7 @@ async fn observe(job: &StreamJob, ctx: &Context, ns: &str, pods: Vec<PodView>) -
     let status = job.status.clone().unwrap_or_default();
     let Some(run) = &status.run else { return Ok(observed) };
     observed.silent = run.silent_pods.clone();
+    observed.kubelets_gone = kubelets_gone(&observed.pods, &run.id).await;
     observed.rejected = job
         .uid()
         .and_then(|uid| ctx.rejections.lock().ok().and_then(|m| m.get(&uid).cloned()))
@@ -161,6 +162,38 @@ async fn observe(job: &StreamJob, ctx: &Context, ns: &str, pods: Vec<PodView>) -
         }
     }
     Ok(observed)
+}
+
+/// The nodes of pods of other runs being deleted whose kubelet does not
+/// take a TCP connection within a second: a killed node refuses at once, a
+/// cut-off one does not answer. Only when some kubelet does answer: where a
+/// firewall keeps the operator from every kubelet, nothing can be told. A
+/// frozen kubelet's kernel still accepts, so that case is left to the
+/// workers' heartbeats (`status.run.silentPods`).
+async fn kubelets_gone(pods: &[PodView], run: &str) -> Vec<std::net::IpAddr> {
+    let deleted: Vec<&PodView> = pods.iter().filter(|p| p.state == crate::observe::PodState::Terminating && p.run.as_deref() != Some(run)).collect();
+    if deleted.is_empty() {
+        return Vec::new();
+    }
+    let mut hosts: Vec<std::net::IpAddr> = pods.iter().filter_map(|p| p.host_ip).collect();
+    hosts.sort();
+    hosts.dedup();
+    let mut gone = Vec::new();
+    let mut answered = false;
+    for ip in hosts {
+        let probe = tokio::time::timeout(std::time::Duration::from_secs(1), tokio::net::TcpStream::connect((ip, crate::observe::KUBELET_PORT))).await;
+        if matches!(probe, Ok(Ok(_))) {
+            answered = true;
+        } else if deleted.iter().any(|p| p.host_ip == Some(ip)) {
+            debug!(%ip, "the kubelet of a node with pods being deleted does not answer");
+            gone.push(ip);
+        }
+    }
+    if answered {
+        gone
+    } else {
+        Vec::new()
+    }
 }
 
 async fn write_status(jobs: &Api<StreamJob>, name: &str, read_version: Option<String>, status: &StreamJobStatus) -> Result<StreamJob> {

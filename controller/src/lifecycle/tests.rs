@@ -20,6 +20,8 @@ struct World {
     coordinator: Option<JobStatus>,
     /// Why the coordinator did not answer (with `coordinator` None).
     coordinator_error: Option<String>,
+    /// Nodes whose kubelet does not answer the operator's probe.
+    kubelets_gone: Vec<std::net::IpAddr>,
     savepoint: Option<Option<SavepointOutcome>>,
     /// What the reconciler saw when it last created the run's objects.
     rejected: Option<Rejection>,
@@ -34,6 +36,7 @@ impl World {
             pods: Vec::new(),
             coordinator: None,
             coordinator_error: None,
+            kubelets_gone: Vec::new(),
             savepoint: None,
             rejected: None,
             settings: WorkerSettings::default(),
@@ -45,6 +48,7 @@ impl World {
         obs.pods = self.pods.iter().map(PodView::of).collect();
         obs.coordinator = self.coordinator.clone();
         obs.coordinator_error = self.coordinator_error.clone();
+        obs.kubelets_gone = self.kubelets_gone.clone();
         obs.savepoint = self.savepoint.clone();
         obs.rejected = self.rejected.clone();
         // As the reconciler's observation takes it from status.
@@ -1148,4 +1152,44 @@ fn a_run_whose_coordinator_stops_answering_the_operator_is_restored_without_wait
     }
     let waited = Duration::try_from(started.expect("no new run").duration_since(lost_at)).unwrap();
     assert!(waited < COORDINATOR_SILENCE_LIMIT + Duration::from_secs(4), "the new run started {waited:?} after the coordinator went silent");
+}
+
+/// A node killed outright (its processes gone at once, so worker 1's
+/// connections closed instead of going silent): worker 1's pod is deleted
+/// but never goes, and its kubelet no longer takes connections. The next
+/// run starts without waiting for the deletion deadline, away from that node.
+#[test]
+fn a_pod_on_a_node_whose_kubelet_is_gone_is_not_waited_for() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    let mut w = World::running(JobBuilder::new("j").build());
+    let old_run = w.run_id();
+    let mut failed = exited(w.pods[0].clone(), 1);
+    let t = failed.status.as_mut().unwrap().container_statuses.as_mut().unwrap()[0].state.as_mut().unwrap().terminated.as_mut().unwrap();
+    t.message = Some("Error: worker 1 was lost (connection closed)".into());
+    w.pods[0] = failed;
+    let mut lost = w.pods[1].clone();
+    lost.spec = Some(k8s_openapi::api::core::v1::PodSpec { node_name: Some("node-2".into()), ..Default::default() });
+    lost.status.as_mut().unwrap().host_ip = Some("10.0.0.2".into());
+    w.pods[1] = lost.clone();
+    w.kubelets_gone = vec!["10.0.0.2".parse().unwrap()];
+    let failed_at = w.now;
+    let mut started = None;
+    for _ in 0..80 {
+        let d = w.step();
+        if !w.pods.iter().any(|p| p.metadata.name == lost.metadata.name) {
+            let mut stuck = lost.clone();
+            stuck.metadata.deletion_timestamp = Some(Time(w.now.checked_add(Duration::from_secs(10)).unwrap()));
+            w.pods.push(stuck);
+        }
+        if d.effects.contains(&Effect::CreateRun) {
+            let run = d.status.run.clone().unwrap();
+            assert_ne!(run.id, old_run);
+            assert_eq!(run.avoid_nodes, vec!["node-2".to_string()]);
+            started = Some(w.now);
+            break;
+        }
+        w.advance(Duration::from_millis(250));
+    }
+    let waited = Duration::try_from(started.expect("the new run waited for the lost node's pod").duration_since(failed_at)).unwrap();
+    assert!(waited < Duration::from_secs(5), "waited {waited:?} for a pod whose kubelet is gone");
 }
