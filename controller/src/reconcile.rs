@@ -164,32 +164,39 @@ async fn observe(job: &StreamJob, ctx: &Context, ns: &str, pods: Vec<PodView>) -
     Ok(observed)
 }
 
+/// Whether some kubelet ever answered this operator's probe: until one
+/// did, a refusal may be a firewall between the operator and every kubelet.
+static A_KUBELET_ANSWERED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// The nodes of pods of other runs being deleted whose kubelet does not
 /// take a TCP connection within a second: a killed node refuses at once, a
-/// cut-off one does not answer. Only when some kubelet does answer: where a
-/// firewall keeps the operator from every kubelet, nothing can be told. A
-/// frozen kubelet's kernel still accepts, so that case is left to the
-/// workers' heartbeats (`status.run.silentPods`).
+/// cut-off one does not answer. Probed whenever a pod of the job failed or
+/// is being deleted (the failure's reconcile still sees pods on live
+/// nodes), and trusted only once some kubelet has answered. A frozen
+/// kubelet's kernel still accepts, so that case is left to the workers'
+/// heartbeats (`status.run.silentPods`).
 async fn kubelets_gone(pods: &[PodView], run: &str) -> Vec<std::net::IpAddr> {
-    let deleted: Vec<&PodView> = pods.iter().filter(|p| p.state == crate::observe::PodState::Terminating && p.run.as_deref() != Some(run)).collect();
-    if deleted.is_empty() {
+    use crate::observe::PodState;
+    use std::sync::atomic::Ordering;
+    let troubled = pods.iter().any(|p| matches!(p.state, PodState::Terminating | PodState::Failed { .. }));
+    if !troubled {
         return Vec::new();
     }
+    let deleted: Vec<&PodView> = pods.iter().filter(|p| p.state == PodState::Terminating && p.run.as_deref() != Some(run)).collect();
     let mut hosts: Vec<std::net::IpAddr> = pods.iter().filter_map(|p| p.host_ip).collect();
     hosts.sort();
     hosts.dedup();
     let mut gone = Vec::new();
-    let mut answered = false;
     for ip in hosts {
         let probe = tokio::time::timeout(std::time::Duration::from_secs(1), tokio::net::TcpStream::connect((ip, crate::observe::KUBELET_PORT))).await;
         if matches!(probe, Ok(Ok(_))) {
-            answered = true;
+            A_KUBELET_ANSWERED.store(true, Ordering::Relaxed);
         } else if deleted.iter().any(|p| p.host_ip == Some(ip)) {
             debug!(%ip, "the kubelet of a node with pods being deleted does not answer");
             gone.push(ip);
         }
     }
-    if answered {
+    if A_KUBELET_ANSWERED.load(Ordering::Relaxed) {
         gone
     } else {
         Vec::new()
