@@ -170,26 +170,33 @@ static A_KUBELET_ANSWERED: std::sync::atomic::AtomicBool = std::sync::atomic::At
 
 /// The nodes of pods of other runs being deleted whose kubelet does not
 /// take a TCP connection within a second: a killed node refuses at once, a
-/// cut-off one does not answer. Probed whenever a pod of the job failed or
-/// is being deleted (the failure's reconcile still sees pods on live
-/// nodes), and trusted only once some kubelet has answered. A frozen
+/// cut-off one does not answer. Probed while pods are being deleted, and
+/// once when a pod of the job failed (the failure's reconcile still sees
+/// pods on live nodes), to learn that kubelets answer at all: a refusal is
+/// trusted only once some kubelet has answered. A frozen
 /// kubelet's kernel still accepts, so that case is left to the workers'
 /// heartbeats (`status.run.silentPods`).
 async fn kubelets_gone(pods: &[PodView], run: &str) -> Vec<std::net::IpAddr> {
     use crate::observe::PodState;
     use std::sync::atomic::Ordering;
-    let troubled = pods.iter().any(|p| matches!(p.state, PodState::Terminating | PodState::Failed { .. }));
-    if !troubled {
+    let deleted: Vec<&PodView> = pods.iter().filter(|p| p.state == PodState::Terminating && p.run.as_deref() != Some(run)).collect();
+    // With nothing to judge, probe only to learn that kubelets answer (once).
+    let calibrating = !A_KUBELET_ANSWERED.load(Ordering::Relaxed) && pods.iter().any(|p| matches!(p.state, PodState::Failed { .. }));
+    if deleted.is_empty() && !calibrating {
         return Vec::new();
     }
-    let deleted: Vec<&PodView> = pods.iter().filter(|p| p.state == PodState::Terminating && p.run.as_deref() != Some(run)).collect();
     let mut hosts: Vec<std::net::IpAddr> = pods.iter().filter_map(|p| p.host_ip).collect();
     hosts.sort();
     hosts.dedup();
-    let mut gone = Vec::new();
-    for ip in hosts {
+    // At once, not one after another: a reconcile waits a second at most.
+    let probes = futures::future::join_all(hosts.iter().map(|&ip| async move {
         let probe = tokio::time::timeout(std::time::Duration::from_secs(1), tokio::net::TcpStream::connect((ip, crate::observe::KUBELET_PORT))).await;
-        if matches!(probe, Ok(Ok(_))) {
+        (ip, matches!(probe, Ok(Ok(_))))
+    }))
+    .await;
+    let mut gone = Vec::new();
+    for (ip, answered) in probes {
+        if answered {
             A_KUBELET_ANSWERED.store(true, Ordering::Relaxed);
         } else if deleted.iter().any(|p| p.host_ip == Some(ip)) {
             debug!(%ip, "the kubelet of a node with pods being deleted does not answer");

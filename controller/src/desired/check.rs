@@ -79,7 +79,7 @@ pub fn check(job: &StreamJob, sink: &SinkSpec, settings: &WorkerSettings) -> Res
     }
     // Output in S3 needs no volume: pending uploads live in the bucket.
     match sink {
-        SinkSpec::File(FileSinkSpec { path, .. }) if !path.starts_with("s3://") => {
+        SinkSpec::File(f @ FileSinkSpec { path, .. }) if !f.is_s3() => {
             let work = names::work_dir(&job.namespace().unwrap_or_else(|| "default".into()), &job.name_any());
             let dir = normalize(&Path::new(&work).join(path));
             let what = format!("the file sink's directory {path:?} ({})", dir.display());
