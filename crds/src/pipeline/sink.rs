@@ -19,21 +19,27 @@ pub enum SinkSpec {
 #[serde(deny_unknown_fields)]
 pub struct FileSinkSpec {
     /// Output directory, relative to the directory the job is started in,
-    /// or `s3://BUCKET/PREFIX` (written through multipart uploads that are
-    /// completed when their checkpoint completes).
+    /// or `s3://BUCKET/PREFIX` (each file is staged under a hidden name at
+    /// the checkpoint and copied to its final name when the checkpoint
+    /// completes).
     pub path: String,
     #[serde(default)]
     pub format: FileFormat,
     #[serde(default = "exactly_once")]
     pub guarantee: Guarantee,
     /// A new file starts once the current one holds this many bytes
-    /// (default 128 MiB); a new file also starts at every checkpoint.
+    /// (default 128 MiB, at most 4 GiB for `s3://` output); a new file also
+    /// starts at every checkpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_file_bytes: Option<u64>,
 }
 
 /// Where `max_file_bytes` is not set.
 pub const DEFAULT_MAX_FILE_BYTES: u64 = 128 << 20;
+/// The largest `max_file_bytes` for `s3://` output: a file is published by
+/// one server-side copy, which S3 allows up to 5 GiB, and a file may pass
+/// `max_file_bytes` by one batch.
+pub const MAX_S3_FILE_BYTES: u64 = 4 << 30;
 
 impl FileSinkSpec {
     /// The size at which the sink starts a new file.
@@ -126,6 +132,12 @@ impl SinkSpec {
             }
             if f.max_file_bytes == Some(0) {
                 return Err(src.invalid("sink.file.max_file_bytes", "expected a size in bytes above 0"));
+            }
+            if f.is_s3() && f.max_file_bytes() > MAX_S3_FILE_BYTES {
+                return Err(src.invalid(
+                    "sink.file.max_file_bytes",
+                    format!("{} bytes is too big for s3:// output: expected at most {MAX_S3_FILE_BYTES} (4 GiB; S3 copies at most 5 GiB in one request)", f.max_file_bytes()),
+                ));
             }
             if f.guarantee == Guarantee::AtMostOnce {
                 return Err(src.invalid(

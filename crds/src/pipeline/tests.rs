@@ -114,3 +114,13 @@ fn the_file_source_fails_on_bad_lines_unless_told_to_skip_them() {
     let err = parse(&file("    bad_lines: ignore\n")).unwrap_err().to_string();
     assert!(err.contains("source.file.bad_lines") && err.contains("line 6") && err.contains("`ignore`") && err.contains("`skip`"), "{err}");
 }
+
+#[test]
+fn s3_output_files_bigger_than_one_server_side_copy_are_rejected_naming_the_field() {
+    let sink = |size: u64| format!("name: t\nsource:\n  generator: {{}}\nsink:\n  file:\n    path: s3://bucket/out\n    max_file_bytes: {size}\n");
+    let err = parse(&sink(5 << 30)).unwrap_err().to_string();
+    assert!(err.contains("sink.file.max_file_bytes") && err.contains("at most 4294967296"), "{err}");
+    parse(&sink(4 << 30)).unwrap();
+    // A directory has no such limit.
+    parse(&sink(5 << 30).replace("s3://bucket/out", "out")).unwrap();
+}

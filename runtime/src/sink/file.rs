@@ -37,18 +37,11 @@ pub struct PendingFile {
     /// Final name, relative to the sink's directory.
     #[serde(rename = "final")]
     pub final_name: String,
-    /// For `s3://` output: the multipart upload that completing publishes
-    /// (`temp` is then the name of the upload's marker object).
+    /// For `s3://` output: the hidden object holding the whole file, which
+    /// committing copies to `final` (`temp` is then the name of the marker
+    /// of the upload that wrote it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub upload: Option<PendingUpload>,
-}
-
-/// A multipart upload whose parts are all uploaded, waiting for its checkpoint.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct PendingUpload {
-    pub id: String,
-    /// The parts' ETags, in order.
-    pub parts: Vec<String>,
+    pub staged: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -155,7 +148,7 @@ impl FileSink {
     pub fn pre_commit(&mut self, checkpoint_id: u64) -> Result<FileSinkState> {
         self.close_current()?;
         for (temp, final_name) in std::mem::take(&mut self.closed) {
-            let p = PendingFile { checkpoint: checkpoint_id, temp, final_name, upload: None };
+            let p = PendingFile { checkpoint: checkpoint_id, temp, final_name, staged: None };
             if self.exactly_once {
                 self.pending.push(p);
             } else {

@@ -7,8 +7,8 @@
 //! not know about barriers or the coordinator.
 //!
 //! The file sink has two homes: a directory (`file.rs`: in-progress files
-//! renamed at commit) and S3 (`s3_file.rs`: multipart uploads completed at
-//! commit). Both keep what is pending in the same [`FileSinkState`], so a
+//! renamed at commit) and S3 (`s3_file.rs`: hidden objects staged at the
+//! barrier, copied to their final names at commit). Both keep what is pending in the same [`FileSinkState`], so a
 //! checkpoint does not care which one wrote it.
 
 mod file;
@@ -24,7 +24,7 @@ use weir_api::SinkSpec;
 
 use crate::error::{Error, Result};
 
-pub use file::{FileSink, FileSinkState, PendingFile, PendingUpload};
+pub use file::{FileSink, FileSinkState, PendingFile};
 pub use s3_file::S3FileSink;
 
 pub enum SinkWriter {

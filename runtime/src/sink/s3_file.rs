@@ -1,26 +1,37 @@
 //! The file sink in S3 (`s3://BUCKET/PREFIX`), exactly-once by two-phase
-//! commit over multipart uploads.
+//! commit over staged objects.
 //!
-//! S3 has no rename, so the in-progress file of the directory sink becomes a
-//! multipart upload of the final object: records are buffered and uploaded
-//! in parts of at least 5 MiB as they come (S3's minimum for every part but
-//! the last, a few at a time while records keep coming); at the barrier the
-//! rest goes up as the last part, every part is waited for, and the
-//! upload, with its id and the parts' ETags, becomes pending on that
-//! checkpoint (phase one; nothing is visible in the bucket yet). When the
-//! checkpoint completes, the upload is completed and the object appears
-//! under its final name at once (phase two). Completing is idempotent for
-//! us: an upload completed before (the notification was lost, the
-//! checkpoint is restored twice) is found under its final name.
+//! S3 has no rename, so the directory sink's in-progress file becomes a
+//! multipart upload of a hidden staging object `.<final name>.staged`:
+//! records are buffered and uploaded in parts of at least 5 MiB as they
+//! come (S3's minimum for every part but the last, a few at a time while
+//! records keep coming). At the barrier the rest goes up as the last part
+//! and the upload is completed: the staged object holds the whole file and
+//! becomes pending on that checkpoint (phase one; hidden names are skipped
+//! by readers of the prefix). When the checkpoint completes, the staged
+//! object is copied to its final name by one server-side copy, which makes
+//! it appear at once, and then deleted (phase two). Committing is
+//! idempotent: a staged object already copied and deleted is found under
+//! its final name.
+//!
+//! Why not publish by completing the upload at commit, as Flink's S3 sink
+//! does? Because a completion cut off half-way must be repeatable from
+//! what is left, and it is not everywhere: MinIO deletes the parts'
+//! metadata before it moves them, so a client killed during the request
+//! (a worker killed at the wrong moment) leaves an upload that can be
+//! neither completed nor found under its final name, and the checkpoint's
+//! records are lost. A copy cut off half-way leaves its source whole and
+//! is simply done again. The price is one server-side copy of every file.
 //!
 //! S3 cannot list a prefix's open uploads through `object_store`, so each
 //! upload has a marker object `.<final name>.upload` holding its id, written
-//! right after the upload is created and deleted once it is completed. The
-//! markers play the part of the directory sink's in-progress files: a
-//! restore aborts the uploads of markers no retained snapshot references,
-//! and a snapshot's `keep` set names markers. An upload created just before
-//! a crash, whose marker was never written, is left to the bucket's
-//! lifecycle rule (`AbortIncompleteMultipartUpload`; see the README).
+//! right after the upload is created and deleted once the file is
+//! committed. The markers play the part of the directory sink's
+//! in-progress files: a restore aborts the uploads and deletes the staged
+//! objects of markers no retained snapshot references, and a snapshot's
+//! `keep` set names markers. An upload created just before a crash, whose
+//! marker was never written, is left to the bucket's lifecycle rule
+//! (`AbortIncompleteMultipartUpload`; see the README).
 //!
 //! Names carry the run id, as in the directory sink, so no run ever writes
 //! another's objects; a fenced (superseded) run never receives a completion.
@@ -35,7 +46,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use weir_api::{FileSinkSpec, Guarantee};
 
-use super::file::{FileSinkState, PendingFile, PendingUpload};
+use super::file::{FileSinkState, PendingFile};
 use super::SinkRestore;
 use crate::error::{Error, Result};
 
@@ -49,6 +60,12 @@ const PART_SIZE: usize = 5 << 20;
 const PARTS_IN_FLIGHT: usize = 2;
 const MARKER_PREFIX: &str = ".part-";
 const MARKER_SUFFIX: &str = ".upload";
+const STAGED_SUFFIX: &str = ".staged";
+
+/// The staging object of the file named `final_name`.
+fn staged_name(final_name: &str) -> String {
+    format!(".{final_name}{STAGED_SUFFIX}")
+}
 
 /// The bucket and prefix the sink writes to.
 pub(crate) struct Output {
@@ -88,6 +105,8 @@ impl Output {
 struct Upload {
     marker: String,
     final_name: String,
+    /// The object being uploaded: the file's staging object.
+    staged: String,
     id: String,
     /// ETags of the parts uploaded, in order.
     parts: Vec<String>,
@@ -107,8 +126,8 @@ pub struct S3FileSink {
     exactly_once: bool,
     max_file_bytes: u64,
     current: Option<Upload>,
-    /// Uploads rolled by size since the last barrier, every part uploaded.
-    closed: Vec<(String, String, PendingUpload)>,
+    /// Files rolled by size since the last barrier, staged: (marker, final name, staged name).
+    closed: Vec<(String, String, String)>,
     pending: Vec<PendingFile>,
 }
 
@@ -127,7 +146,7 @@ impl S3FileSink {
             pending: Vec::new(),
         };
         for p in restore.mine.iter().flat_map(|s| &s.pending) {
-            sink.commit_upload(p).await?;
+            sink.commit_staged(p).await?;
         }
         if let Some(keep) = restore.keep {
             discard_unreferenced(&sink.out, &sink.job, &sink.run_id, keep).await?;
@@ -167,12 +186,13 @@ impl S3FileSink {
         self.next_file += 1;
         let final_name = format!("{stem}.jsonl");
         let marker = format!(".{final_name}{MARKER_SUFFIX}");
+        let staged = staged_name(&final_name);
         let id = self
             .out
             .store
-            .create_multipart(&self.out.path(&final_name))
+            .create_multipart(&self.out.path(&staged))
             .await
-            .map_err(|e| self.out.error(format!("starting the upload of {final_name}"), e))?;
+            .map_err(|e| self.out.error(format!("starting the upload of {staged}"), e))?;
         self.out
             .store
             .put(&self.out.path(&marker), PutPayload::from(id.clone().into_bytes()))
@@ -181,6 +201,7 @@ impl S3FileSink {
         Ok(Upload {
             marker,
             final_name,
+            staged,
             id,
             parts: Vec::new(),
             in_flight: Default::default(),
@@ -193,7 +214,7 @@ impl S3FileSink {
     /// Sends the buffer as the next part, without waiting for it.
     fn start_part(&self, c: &mut Upload) {
         let data = PutPayload::from(std::mem::replace(&mut c.buf, Vec::with_capacity(PART_SIZE + (1 << 16))));
-        let (store, path, id, index) = (self.out.store.clone(), self.out.path(&c.final_name), c.id.clone(), c.next_part);
+        let (store, path, id, index) = (self.out.store.clone(), self.out.path(&c.staged), c.id.clone(), c.next_part);
         let what = format!("uploading part {} of {}", index + 1, c.final_name);
         c.next_part += 1;
         c.in_flight.push_back(tokio::spawn(async move { store.put_part(&path, &id, index, data).await.map(|p| p.content_id).map_err(|e| (what, e)) }));
@@ -221,8 +242,10 @@ impl S3FileSink {
         Ok(())
     }
 
-    /// Uploads the rest of the current file as its last part and waits for
-    /// every part; the upload then waits for the next barrier.
+    /// Uploads the rest of the current file as its last part, waits for
+    /// every part and completes the upload: the file is then staged, whole,
+    /// and waits for the next barrier. A completion cut off here only fails
+    /// this checkpoint; a restore aborts the upload through its marker.
     async fn close_current(&mut self) -> Result<()> {
         if let Some(mut c) = self.current.take() {
             if !c.buf.is_empty() || c.next_part == 0 {
@@ -231,65 +254,82 @@ impl S3FileSink {
             while !c.in_flight.is_empty() {
                 self.finish_oldest_part(&mut c).await?;
             }
-            self.closed.push((c.marker, c.final_name, PendingUpload { id: c.id, parts: c.parts }));
+            let parts = c.parts.into_iter().map(|content_id| PartId { content_id }).collect();
+            self.out
+                .store
+                .complete_multipart(&self.out.path(&c.staged), &c.id, parts)
+                .await
+                .map_err(|e| self.out.error(format!("completing the upload of {}", c.staged), e))?;
+            self.closed.push((c.marker, c.final_name, c.staged));
         }
         Ok(())
     }
 
     pub async fn pre_commit(&mut self, checkpoint_id: u64) -> Result<FileSinkState> {
         self.close_current().await?;
-        for (marker, final_name, upload) in std::mem::take(&mut self.closed) {
-            let p = PendingFile { checkpoint: checkpoint_id, temp: marker, final_name, upload: Some(upload) };
+        for (marker, final_name, staged) in std::mem::take(&mut self.closed) {
+            let p = PendingFile { checkpoint: checkpoint_id, temp: marker, final_name, staged: Some(staged) };
             if self.exactly_once {
                 self.pending.push(p);
             } else {
-                self.commit_upload(&p).await?;
+                self.commit_staged(&p).await?;
             }
         }
         Ok(FileSinkState { pending: self.pending.clone() })
     }
 
+    /// Publishes the files of every checkpoint up to `checkpoint_id`, all
+    /// copies at once; what fails stays pending, to be retried by a restore.
     pub async fn commit(&mut self, checkpoint_id: u64) -> Result<()> {
         let (ready, later): (Vec<_>, Vec<_>) = self.pending.drain(..).partition(|p| p.checkpoint <= checkpoint_id);
         self.pending = later;
-        for (i, p) in ready.iter().enumerate() {
-            if let Err(e) = self.commit_upload(p).await {
-                // Keep what is not committed yet: the error may be retried.
-                self.pending.splice(0..0, ready[i..].iter().cloned());
-                return Err(e);
+        let results = futures::future::join_all(ready.iter().map(|p| self.commit_staged(p))).await;
+        let mut first_error = None;
+        let mut failed = Vec::new();
+        for (p, r) in ready.into_iter().zip(results) {
+            if let Err(e) = r {
+                failed.push(p);
+                first_error.get_or_insert(e);
             }
         }
-        Ok(())
+        self.pending.splice(0..0, failed);
+        first_error.map_or(Ok(()), Err)
     }
 
-    /// Completes one pending upload; completed before is success, neither
-    /// the upload nor the object present is data loss.
-    async fn commit_upload(&self, p: &PendingFile) -> Result<()> {
-        let Some(upload) = &p.upload else {
+    /// Publishes one pending file: copies its staged object to the final
+    /// name, then deletes the staged object and the marker. A staged object
+    /// gone while the final one is there was committed before; both gone is
+    /// data loss.
+    async fn commit_staged(&self, p: &PendingFile) -> Result<()> {
+        let Some(staged) = &p.staged else {
             return Err(Error::Fatal(format!(
                 "file sink {}: the checkpoint's pending file {} was written to a directory, not to S3; was the sink's path changed from a directory to s3://? Restore a snapshot taken with this path, or start without one",
                 self.out.display, p.final_name
             )));
         };
-        let path = self.out.path(&p.final_name);
-        let parts = upload.parts.iter().map(|e| PartId { content_id: e.clone() }).collect();
-        if let Err(e) = self.out.store.complete_multipart(&path, &upload.id, parts).await {
-            match self.out.store.head(&path).await {
-                Ok(_) => {} // completed before
-                Err(object_store::Error::NotFound { .. }) if no_such_upload(&e) => {
+        let (from, to) = (self.out.path(staged), self.out.path(&p.final_name));
+        match self.out.store.copy(&from, &to).await {
+            Ok(()) => {}
+            Err(object_store::Error::NotFound { .. }) => match self.out.store.head(&to).await {
+                Ok(_) => {} // committed before
+                Err(object_store::Error::NotFound { .. }) => {
                     return Err(Error::LostPendingFile {
-                        temp: format!("{}/{} (upload {})", self.out.display, p.temp, upload.id),
+                        temp: format!("{}/{staged}", self.out.display),
                         final_name: format!("{}/{}", self.out.display, p.final_name),
                         checkpoint: p.checkpoint,
                     });
                 }
-                Err(_) => return Err(self.out.error(format!("completing the upload of {} (checkpoint {})", p.final_name, p.checkpoint), e)),
+                Err(e) => return Err(self.out.error(format!("looking for {} (checkpoint {})", p.final_name, p.checkpoint), e)),
+            },
+            Err(e) => return Err(self.out.error(format!("copying {staged} to {} (checkpoint {})", p.final_name, p.checkpoint), e)),
+        }
+        for name in [staged, &p.temp] {
+            match self.out.store.delete(&self.out.path(name)).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(self.out.error(format!("deleting {name}"), e)),
             }
         }
-        match self.out.store.delete(&self.out.path(&p.temp)).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(self.out.error(format!("deleting {}", p.temp), e)),
-        }
+        Ok(())
     }
 }
 
@@ -298,8 +338,8 @@ fn no_such_upload(e: &object_store::Error) -> bool {
 }
 
 /// Aborts the uploads of job `job` under `out` that are not of run `run_id`
-/// and whose markers are not in `keep`, and deletes their markers (see the
-/// directory sink's `discard_unreferenced`).
+/// and whose markers are not in `keep`, and deletes their staged objects
+/// and markers (see the directory sink's `discard_unreferenced`).
 pub(crate) async fn discard_unreferenced(out: &Output, job: &str, run_id: &str, keep: &HashSet<String>) -> Result<()> {
     let listing = out
         .store
@@ -318,21 +358,25 @@ pub(crate) async fn discard_unreferenced(out: &Output, job: &str, run_id: &str, 
             continue;
         }
         let final_name = &name[1..name.len() - MARKER_SUFFIX.len()];
+        let staged = staged_name(final_name);
         let id = match out.store.get(&object.location).await {
             Ok(got) => got.bytes().await.map_err(|e| out.error(format!("reading {name}"), e))?,
             Err(object_store::Error::NotFound { .. }) => continue,
             Err(e) => return Err(out.error(format!("reading {name}"), e)),
         };
         let id = String::from_utf8_lossy(&id).trim().to_string();
-        tracing::info!(file = %final_name, upload = %id, "aborting the upload of a checkpoint that never completed");
-        match out.store.abort_multipart(&out.path(final_name), &id).await {
+        tracing::info!(file = %final_name, upload = %id, "discarding the file of a checkpoint that never completed");
+        match out.store.abort_multipart(&out.path(&staged), &id).await {
             Ok(()) => {}
             Err(e) if no_such_upload(&e) => {}
-            Err(e) => return Err(out.error(format!("aborting the upload of {final_name}"), e)),
+            Err(e) => return Err(out.error(format!("aborting the upload of {staged}"), e)),
         }
-        match out.store.delete(&object.location).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-            Err(e) => return Err(out.error(format!("deleting {name}"), e)),
+        // The staged object first: a marker is the only way to find it.
+        for doomed in [out.path(&staged), object.location] {
+            match out.store.delete(&doomed).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(out.error(format!("deleting {doomed}"), e)),
+            }
         }
     }
     Ok(())

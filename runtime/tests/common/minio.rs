@@ -195,15 +195,6 @@ impl Bucket {
         assert!(out.status.success(), "listing uploads under {prefix}: {}", String::from_utf8_lossy(&out.stderr));
         between_all(&String::from_utf8_lossy(&out.stdout), "<Key>", "</Key>")
     }
-
-    /// The ETags of the objects under `prefix`, by key (a multipart
-    /// object's ETag ends in `-<number of parts>`).
-    pub fn etags(&self, prefix: &str) -> Vec<(String, String)> {
-        let out = curl(&self.server.endpoint, &["-f"], &format!("/{}?list-type=2&prefix={}", self.name, prefix.replace('/', "%2F")));
-        assert!(out.status.success(), "listing {prefix}: {}", String::from_utf8_lossy(&out.stderr));
-        let xml = String::from_utf8_lossy(&out.stdout).to_string();
-        between_all(&xml, "<Key>", "</Key>").into_iter().zip(between_all(&xml, "<ETag>", "</ETag>").into_iter().map(|e| e.replace("&#34;", "").replace("&quot;", "").replace('"', ""))).collect()
-    }
 }
 
 fn between_all(text: &str, open: &str, close: &str) -> Vec<String> {
