@@ -390,7 +390,14 @@ impl Coordinator {
         // The directory becomes this run's before any barrier names it. If
         // another run owns it, that run is newer (ids are listed after the
         // claim) or abandoned it; either way this id is skipped.
-        match self.cfg.storage.own_dir(&self.cfg.claim, &dir).await {
+        // Bounded by the checkpoint timeout: the store's client retries for
+        // a minute, and meanwhile this loop would hear no worker (seen: a
+        // store down for 6 s froze checkpointing without a word).
+        let owned = match tokio::time::timeout(self.cfg.timeout, self.cfg.storage.own_dir(&self.cfg.claim, &dir)).await {
+            Ok(owned) => owned,
+            Err(_) => Err(Error::Job(format!("the store did not answer within the checkpoint timeout ({:?})", self.cfg.timeout))),
+        };
+        match owned {
             Ok(true) => {}
             Ok(false) => {
                 tracing::warn!(id, dir, "another run owns this snapshot directory; skipping the id");

@@ -44,8 +44,25 @@ struct Process {
     data: tempfile::TempDir,
 }
 
+/// A free loopback port below the kernel's ephemeral range (32768 and up
+/// by default). A port from `bind(":0")` is an ephemeral one: while a
+/// server is stopped to be restarted, the kernel may hand its port to
+/// another test's `bind(":0")` (a worker's, or another MinIO's), and the
+/// restarted server then fails to bind while the health check answers from
+/// the other one (seen: a job whose bucket vanished under it).
+fn free_port() -> u16 {
+    loop {
+        let port = 20_000 + rand::random::<u16>() % 12_000;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
 impl Process {
-    fn spawn(&mut self) {
+    /// Starts the server and waits until it answers; an error if the
+    /// process exited instead (its port taken).
+    fn spawn(&mut self) -> Result<(), String> {
         let child = Command::new(binary())
             .args(["server", "--quiet", "--address"])
             .arg(format!("127.0.0.1:{}", self.port))
@@ -62,13 +79,18 @@ impl Process {
         self.child = Some(child);
         let start = Instant::now();
         loop {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                self.child = None;
+                return Err(format!("MinIO on port {} exited ({status}); was the port taken?", self.port));
+            }
             let ready = Command::new("curl")
                 .args(["-sf", "-o", "/dev/null"])
                 .arg(format!("http://127.0.0.1:{}/minio/health/ready", self.port))
                 .status()
                 .is_ok_and(|s| s.success());
-            if ready {
-                return;
+            // Ours answered only if it is still alive (another server may hold the port).
+            if ready && self.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_none()) {
+                return Ok(());
             }
             assert!(start.elapsed() < Duration::from_secs(60), "MinIO did not become ready on port {} within 60 s", self.port);
             std::thread::sleep(Duration::from_millis(100));
@@ -98,9 +120,17 @@ pub struct Server {
 
 impl Server {
     pub fn start() -> Server {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let mut process = Process { child: None, port, data: tempfile::tempdir().unwrap() };
-        process.spawn();
+        let data = tempfile::tempdir().unwrap();
+        let mut process = Process { child: None, port: 0, data };
+        for attempt in 1.. {
+            process.port = free_port();
+            match process.spawn() {
+                Ok(()) => break,
+                Err(e) if attempt < 5 => eprintln!("{e}; trying another port"),
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let port = process.port;
         Server { process: Arc::new(Mutex::new(process)), endpoint: format!("http://127.0.0.1:{port}") }
     }
 
@@ -113,7 +143,9 @@ impl Server {
     pub fn restart(&self) {
         let mut p = self.process.lock().unwrap();
         p.stop();
-        p.spawn();
+        if let Err(e) = p.spawn() {
+            panic!("restarting: {e}");
+        }
     }
 
     /// Creates a bucket and returns it.
