@@ -280,6 +280,26 @@ fn big_output_rolls_by_size_into_multipart_objects_exactly_once() {
     assert!(sizes.iter().all(|&s| (s as u64) < max + (1 << 20)), "a file grew past max_file_bytes: {sizes:?}");
 }
 
+/// A killed run's upload completion can reach the server after a newer
+/// run discarded the upload's marker, leaving a staged file that no marker
+/// names. The next run deletes such files of its job, and only those.
+#[test]
+fn staged_files_of_older_runs_that_no_snapshot_needs_are_deleted_and_other_jobs_files_kept() {
+    let bucket = bucket();
+    let job = Job::counting(1, 20_000, 10, 0, "200ms").output_on_s3(&bucket);
+    let (b, prefix) = job.s3_output.clone().unwrap();
+    let orphan = format!("{prefix}/.part-eo-test.deadbeef00-000-000003.jsonl.staged");
+    let other_job = format!("{prefix}/.part-other.deadbeef00-000-000003.jsonl.staged");
+    b.put(&orphan, "{\"seq\": 1}\n");
+    b.put(&other_job, "{\"seq\": 1}\n");
+    let out = job.run(&[]);
+    assert!(out.status.success(), "weir run failed:\n{}", stderr(&out));
+    let keys = job.output_keys();
+    assert!(!keys.contains(&orphan), "the orphaned staged file is still there: {keys:?}");
+    assert!(keys.contains(&other_job), "another job's staged file was deleted: {keys:?}");
+    job.assert_exactly_once();
+}
+
 #[test]
 fn s3_output_in_a_missing_bucket_fails_at_once_naming_the_path() {
     let bucket = bucket();

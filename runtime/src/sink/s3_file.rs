@@ -323,13 +323,8 @@ impl S3FileSink {
             },
             Err(e) => return Err(self.out.error(format!("copying {staged} to {} (checkpoint {})", p.final_name, p.checkpoint), e)),
         }
-        for name in [staged, &p.temp] {
-            match self.out.store.delete(&self.out.path(name)).await {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(self.out.error(format!("deleting {name}"), e)),
-            }
-        }
-        Ok(())
+        delete_if_there(&self.out, &from).await?;
+        delete_if_there(&self.out, &self.out.path(&p.temp)).await
     }
 }
 
@@ -339,7 +334,10 @@ fn no_such_upload(e: &object_store::Error) -> bool {
 
 /// Aborts the uploads of job `job` under `out` that are not of run `run_id`
 /// and whose markers are not in `keep`, and deletes their staged objects
-/// and markers (see the directory sink's `discard_unreferenced`).
+/// and markers (see the directory sink's `discard_unreferenced`). Also
+/// deletes staged objects whose marker is gone: a killed run's completion
+/// can land after a newer run discarded its marker (the server finishes a
+/// request whose client died), and nothing else would ever find them.
 pub(crate) async fn discard_unreferenced(out: &Output, job: &str, run_id: &str, keep: &HashSet<String>) -> Result<()> {
     let listing = out
         .store
@@ -354,7 +352,17 @@ pub(crate) async fn discard_unreferenced(out: &Output, job: &str, run_id: &str, 
     let current = format!("{job}{run_id}-");
     for object in listing.objects {
         let Some(name) = object.location.filename().map(str::to_string) else { continue };
-        if !name.starts_with(&job) || !name.ends_with(MARKER_SUFFIX) || name.starts_with(&current) || keep.contains(name.as_str()) {
+        if !name.starts_with(&job) || name.starts_with(&current) {
+            continue;
+        }
+        if let Some(stem) = name.strip_suffix(STAGED_SUFFIX) {
+            if !keep.contains(&format!("{stem}{MARKER_SUFFIX}")) {
+                tracing::info!(file = %name, "deleting a staged file no snapshot references");
+                delete_if_there(out, &object.location).await?;
+            }
+            continue;
+        }
+        if !name.ends_with(MARKER_SUFFIX) || keep.contains(name.as_str()) {
             continue;
         }
         let final_name = &name[1..name.len() - MARKER_SUFFIX.len()];
@@ -372,12 +380,15 @@ pub(crate) async fn discard_unreferenced(out: &Output, job: &str, run_id: &str, 
             Err(e) => return Err(out.error(format!("aborting the upload of {staged}"), e)),
         }
         // The staged object first: a marker is the only way to find it.
-        for doomed in [out.path(&staged), object.location] {
-            match out.store.delete(&doomed).await {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(out.error(format!("deleting {doomed}"), e)),
-            }
-        }
+        delete_if_there(out, &out.path(&staged)).await?;
+        delete_if_there(out, &object.location).await?;
     }
     Ok(())
+}
+
+async fn delete_if_there(out: &Output, path: &Path) -> Result<()> {
+    match out.store.delete(path).await {
+        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+        Err(e) => Err(out.error(format!("deleting {path}"), e)),
+    }
 }

@@ -193,6 +193,15 @@ impl Bucket {
         out.status.success().then(|| String::from_utf8_lossy(&out.stdout).to_string())
     }
 
+    /// Writes an object.
+    pub fn put(&self, key: &str, body: &str) {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), body).unwrap();
+        let path = file.path().to_str().unwrap();
+        let out = curl(&self.server.endpoint, &["-f", "-T", path], &format!("/{}/{key}", self.name));
+        assert!(out.status.success(), "writing {key}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
     /// The keys under `prefix`, sorted.
     pub fn list(&self, prefix: &str) -> Vec<String> {
         let mut keys = Vec::new();
