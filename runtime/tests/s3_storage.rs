@@ -280,6 +280,31 @@ fn big_output_rolls_by_size_into_multipart_objects_exactly_once() {
     assert!(sizes.iter().all(|&s| (s as u64) < max + (1 << 20)), "a file grew past max_file_bytes: {sizes:?}");
 }
 
+/// Stop with a savepoint, then resume from it: the savepoint's staged
+/// files are published by the resumed run, and nothing hidden is left.
+#[test]
+fn stop_with_a_savepoint_then_resume_publishes_its_staged_files_once() {
+    let bucket = bucket();
+    let job = Job::counting(2, 60_000, 20, 15_000, "200ms").output_on_s3(&bucket);
+    let child = job.spawn(&[]);
+    let start = Instant::now();
+    while job.latest().is_none() {
+        assert!(start.elapsed() < Duration::from_secs(30), "no checkpoint in 30 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = job.weir(&["savepoint", "--state-dir", &job.state, "--stop"]).output().unwrap();
+    assert!(out.status.success(), "weir savepoint --stop failed: {}", stderr(&out));
+    let sp = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let out = wait_with_timeout(child, Duration::from_secs(30));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let staged_at_stop: Vec<String> = job.output_keys().into_iter().filter(|k| k.ends_with(".staged")).collect();
+    let out = wait_with_timeout(job.spawn(&["--restore", &sp]), Duration::from_secs(60));
+    assert!(out.status.success(), "{}", stderr(&out));
+    job.assert_exactly_once();
+    let hidden: Vec<String> = job.output_keys().into_iter().filter(|k| k.ends_with(".upload") || k.ends_with(".staged")).collect();
+    assert!(hidden.is_empty(), "left behind: {hidden:?} (staged at the stop: {staged_at_stop:?})");
+}
+
 /// A killed run's upload completion can reach the server after a newer
 /// run discarded the upload's marker, leaving a staged file that no marker
 /// names. The next run deletes such files of its job, and only those.

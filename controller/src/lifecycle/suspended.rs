@@ -1,9 +1,15 @@
 //! No pods run. `spec.state: running` resumes the job from its newest state
 //! (the suspend savepoint, or a later checkpoint if there is one).
+//!
+//! The savepoint is named explicitly: a savepoint is no record of the job's
+//! lineage (it is the user's to keep, move or delete, so failover never
+//! depends on one), and `latest` would pass it over and go back to the
+//! checkpoint before it, replaying what the savepoint had already taken in
+//! and leaving its pending output behind.
 
 use std::time::Duration;
 
-use weir_api::streamjob::{JobState, StreamJobStatus};
+use weir_api::streamjob::{JobState, SavepointReason, StreamJobStatus};
 
 use super::run::{new_run, LATEST};
 use super::{Cx, Deploying, Effect, State, Step};
@@ -28,7 +34,7 @@ impl State for Suspended {
             st.initial_savepoint = cx.job.spec.initial_savepoint.clone();
             cx.job.spec.initial_savepoint.clone()
         } else {
-            Some(LATEST.into())
+            Some(resume_point(st))
         };
         let from = restore.clone().map(|r| if r == LATEST { "its latest savepoint or checkpoint".to_string() } else { r }).unwrap_or_else(|| "a fresh start".into());
         new_run(cx, st, restore, None);
@@ -36,5 +42,13 @@ impl State for Suspended {
             .event("Resuming", format!("spec.state is running: restoring from {from}"))
             .message(format!("resuming from {from}"))
             .requeue(Duration::ZERO)
+    }
+}
+
+/// The suspend savepoint when it is the job's newest state, else `latest`.
+fn resume_point(st: &StreamJobStatus) -> String {
+    match (&st.last_savepoint, &st.last_checkpoint) {
+        (Some(sp), checkpoint) if sp.reason == SavepointReason::Suspend && checkpoint.as_ref().is_none_or(|c| sp.id > c.id) => sp.path.clone(),
+        _ => LATEST.into(),
     }
 }

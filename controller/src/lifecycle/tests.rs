@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use weir_api::control::{CheckpointStatus, JobStatus, SavepointOutcome, SavepointState};
-use weir_api::streamjob::{JobState, Phase, SavepointReason, StreamJob, UpgradeMode};
+use weir_api::streamjob::{CheckpointRef, JobState, Phase, SavepointReason, StreamJob, UpgradeMode};
 
 use super::{decide, Decision, Effect};
 use crate::desired::WorkerSettings;
@@ -726,6 +726,18 @@ fn suspend_takes_a_savepoint_stops_the_pods_and_resume_restores() {
     w.step();
     assert_eq!(w.phase(), Some(Phase::Suspended));
     assert_eq!(w.job.status.as_ref().unwrap().last_savepoint.as_ref().unwrap().reason, SavepointReason::Suspend);
+    // Resumed from the suspend savepoint itself, not from the checkpoint
+    // before it (`latest` knows checkpoints only).
+    let suspended = w.job.clone();
+    w.job.spec.state = JobState::Running;
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Deploying));
+    assert_eq!(d.status.run.unwrap().restore_from.as_deref(), Some("/cp/sp-4"));
+    // A checkpoint newer than the savepoint (status edited, or a suspension
+    // whose savepoint is older than the last checkpoint) wins: `latest`.
+    w.job = suspended;
+    let status = w.job.status.as_mut().unwrap();
+    status.last_checkpoint = Some(CheckpointRef { id: 9, path: "/cp/chk-9".into(), time: status.last_savepoint.as_ref().unwrap().time.clone() });
     w.job.spec.state = JobState::Running;
     let d = w.step();
     assert_eq!(w.phase(), Some(Phase::Deploying));
