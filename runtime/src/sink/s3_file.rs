@@ -67,6 +67,11 @@ fn staged_name(final_name: &str) -> String {
     format!(".{final_name}{STAGED_SUFFIX}")
 }
 
+/// The marker holding the upload id of the file named `final_name`.
+fn marker_name(final_name: &str) -> String {
+    format!(".{final_name}{MARKER_SUFFIX}")
+}
+
 /// The bucket and prefix the sink writes to.
 pub(crate) struct Output {
     store: Arc<AmazonS3>,
@@ -103,7 +108,6 @@ impl Output {
 
 /// An upload being written.
 struct Upload {
-    marker: String,
     final_name: String,
     /// The object being uploaded: the file's staging object.
     staged: String,
@@ -126,8 +130,8 @@ pub struct S3FileSink {
     exactly_once: bool,
     max_file_bytes: u64,
     current: Option<Upload>,
-    /// Files rolled by size since the last barrier, staged: (marker, final name, staged name).
-    closed: Vec<(String, String, String)>,
+    /// Final names of the files rolled by size since the last barrier, staged.
+    closed: Vec<String>,
     pending: Vec<PendingFile>,
 }
 
@@ -185,7 +189,7 @@ impl S3FileSink {
         let stem = format!("part-{}.{}-{:03}-{:06}", self.job, self.run_id, self.subtask, self.next_file);
         self.next_file += 1;
         let final_name = format!("{stem}.jsonl");
-        let marker = format!(".{final_name}{MARKER_SUFFIX}");
+        let marker = marker_name(&final_name);
         let staged = staged_name(&final_name);
         let id = self
             .out
@@ -199,7 +203,6 @@ impl S3FileSink {
             .await
             .map_err(|e| self.out.error(format!("writing {marker}"), e))?;
         Ok(Upload {
-            marker,
             final_name,
             staged,
             id,
@@ -260,15 +263,15 @@ impl S3FileSink {
                 .complete_multipart(&self.out.path(&c.staged), &c.id, parts)
                 .await
                 .map_err(|e| self.out.error(format!("completing the upload of {}", c.staged), e))?;
-            self.closed.push((c.marker, c.final_name, c.staged));
+            self.closed.push(c.final_name);
         }
         Ok(())
     }
 
     pub async fn pre_commit(&mut self, checkpoint_id: u64) -> Result<FileSinkState> {
         self.close_current().await?;
-        for (marker, final_name, staged) in std::mem::take(&mut self.closed) {
-            let p = PendingFile { checkpoint: checkpoint_id, temp: marker, final_name, staged: Some(staged) };
+        for final_name in std::mem::take(&mut self.closed) {
+            let p = PendingFile { checkpoint: checkpoint_id, temp: marker_name(&final_name), staged: Some(staged_name(&final_name)), final_name };
             if self.exactly_once {
                 self.pending.push(p);
             } else {
