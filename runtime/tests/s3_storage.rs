@@ -121,7 +121,10 @@ fn a_store_gone_longer_than_the_checkpoint_timeout_fails_checkpoints_and_the_job
     // started (the store refused the directory's owner record), or the run
     // restarted; and the job went on.
     assert!(
-        err.contains("checkpoint abandoned") || err.contains("checkpoint not started") || err.contains("restarting"),
+        err.contains("checkpoint abandoned")
+            || err.contains("checkpoint not started")
+            || err.contains("longer than the checkpoint timeout")
+            || err.contains("restarting"),
         "the outage left no trace:\n{err}"
     );
     job.assert_exactly_once();

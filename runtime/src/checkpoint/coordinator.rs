@@ -441,7 +441,15 @@ impl Coordinator {
         for (_, ack) in p.acks.drain() {
             meta.add(ack);
         }
-        match self.cfg.storage.complete(&p.dir, &meta, &self.cfg.claim).await {
+        let writing = Instant::now();
+        let completed = self.cfg.storage.complete(&p.dir, &meta, &self.cfg.claim).await;
+        // Not bounded (metadata that lands after an abort would be a
+        // complete checkpoint nobody committed), but never silent: a store
+        // that stalls the coordinator past the timeout is worth a warning.
+        if writing.elapsed() > self.cfg.timeout {
+            tracing::warn!(id = p.id, waited_ms = writing.elapsed().as_millis() as u64, "checkpoint metadata waited for storage longer than the checkpoint timeout");
+        }
+        match completed {
             Ok(location) => {
                 crate::fault::crash_point("after-complete", p.id);
                 let st = CheckpointStatus {
