@@ -16,5 +16,5 @@ pub mod streamjob;
 
 pub use pipeline::{
     BadLines, CheckpointMode, CheckpointSpec, FileSinkSpec, FileSourceSpec, GeneratorSpec, Guarantee,
-    PipelineError, PipelineSpec, SinkSpec, SourceSpec, Step, StepKind,
+    PipelineError, PipelineSpec, PostgresMode, PostgresSinkSpec, SinkSpec, SourceSpec, Step, StepKind,
 };

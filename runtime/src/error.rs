@@ -83,6 +83,11 @@ pub enum Error {
     #[error("file sink: {temp} (checkpoint {checkpoint}) is gone, and so is its final name {final_name}: the records of a completed checkpoint are lost; was the output directory cleaned while the job ran?")]
     LostPendingFile { temp: String, final_name: String, checkpoint: u64 },
 
+    /// A write-ahead log entry of a completed checkpoint is gone before it
+    /// was written to its target: its records are lost.
+    #[error("postgres sink: the write-ahead log entry {location} of completed checkpoint {checkpoint} is gone before its records reached the table; were the job's checkpoints cleaned while it ran?")]
+    LostLogEntry { location: String, checkpoint: u64 },
+
     /// The file sink's object store (`s3://` output) failed a request; it
     /// is retried by restoring the job.
     #[error("file sink {location}: {source}")]
@@ -91,6 +96,11 @@ pub enum Error {
         #[source]
         source: object_store::Error,
     },
+
+    /// The PostgreSQL sink's server refused or failed a request. `code` is
+    /// the SQLSTATE when the server answered.
+    #[error("{context}: {message}{}", code.as_ref().map(|c| format!(" (SQLSTATE {c})")).unwrap_or_default())]
+    Postgres { context: String, code: Option<String>, message: String },
 
     /// A newer run of the job has claimed its state: this run is superseded
     /// (its node was cut off, its processes frozen, or another `weir run`
@@ -135,15 +145,23 @@ impl Error {
             | Error::Record { .. }
             | Error::RecordTooLarge { .. }
             | Error::LostPendingFile { .. }
+            | Error::LostLogEntry { .. }
             | Error::AlreadyRunning { .. }
             | Error::Fenced { .. }
             | Error::Fatal(_) => true,
+            // What the server refuses for the data or the declarations
+            // (data exceptions, constraint violations, a wrong table, type,
+            // privilege or password) it refuses again after a restart; a
+            // lost connection, a deadlock or a server shutting down is
+            // worth one.
+            Error::Postgres { code: Some(code), .. } => matches!(&code[..2.min(code.len())], "22" | "23" | "28" | "42"),
             Error::Storage { .. }
             | Error::Output { .. }
             | Error::Io { .. }
             | Error::Arrow { .. }
             | Error::Network { .. }
             | Error::Protocol { .. }
+            | Error::Postgres { .. }
             | Error::Job(_) => false,
         }
     }

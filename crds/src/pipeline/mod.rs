@@ -9,6 +9,7 @@
 
 mod duration;
 mod locate;
+mod postgres_sink;
 mod sink;
 pub mod source;
 mod step;
@@ -18,6 +19,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 pub use duration::HumanDuration;
+pub use postgres_sink::{PostgresMode, PostgresSinkSpec};
 pub use sink::{FileFormat, FileSinkSpec, Guarantee, SinkSpec};
 pub use source::{BadLines, FieldType, FileSourceSpec, GeneratorSpec, SourceSpec};
 pub use step::{AggregateSpec, Step, StepKind};

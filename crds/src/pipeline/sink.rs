@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::postgres_sink::{PostgresMode, PostgresSinkSpec};
 use super::{PipelineError, PipelineSource};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -9,6 +10,9 @@ use super::{PipelineError, PipelineSource};
 pub enum SinkSpec {
     /// Files under a directory; exactly-once by two-phase commit.
     File(FileSinkSpec),
+    /// Rows of a PostgreSQL table; exactly-once by two-phase commit,
+    /// through a write-ahead log, or by upserts on a key.
+    Postgres(PostgresSinkSpec),
     /// Lines on standard output; records may repeat after a failure.
     Stdout(StdoutSinkSpec),
     /// Drops every record (for benchmarks).
@@ -104,6 +108,12 @@ impl SinkSpec {
     pub fn guarantee(&self) -> Guarantee {
         match self {
             SinkSpec::File(f) => f.guarantee,
+            // Upserts replay to the same final rows: exactly-once for each
+            // key's final row (the mode's doc says what a reader may see
+            // meanwhile).
+            SinkSpec::Postgres(p) => match p.mode {
+                PostgresMode::TwoPhaseCommit | PostgresMode::WriteAheadLog | PostgresMode::Upsert => Guarantee::ExactlyOnce,
+            },
             SinkSpec::Stdout(_) => Guarantee::AtLeastOnce,
             // Nothing reaches an external system, so nothing can be duplicated.
             SinkSpec::Blackhole(_) => Guarantee::ExactlyOnce,
@@ -111,6 +121,9 @@ impl SinkSpec {
     }
 
     pub(super) fn validate(&self, src: &PipelineSource) -> Result<(), PipelineError> {
+        if let SinkSpec::Postgres(p) = self {
+            p.validate(src)?;
+        }
         if let SinkSpec::File(f) = self {
             if f.path.is_empty() {
                 return Err(src.invalid("sink.file.path", "expected a directory path or s3://BUCKET/PREFIX"));

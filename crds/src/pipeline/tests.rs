@@ -124,3 +124,32 @@ fn s3_output_files_bigger_than_one_server_side_copy_are_rejected_naming_the_fiel
     // A directory has no such limit.
     parse(&sink(5 << 30).replace("s3://bucket/out", "out")).unwrap();
 }
+
+#[test]
+fn a_postgres_sink_defaults_to_two_phase_commit_and_promises_exactly_once() {
+    let spec = parse("name: t\nsource:\n  generator: {}\nsink:\n  postgres:\n    connection: host=127.0.0.1 dbname=d user=u\n    table: public.counts\n").unwrap();
+    let SinkSpec::Postgres(p) = &spec.sink else { panic!("not a postgres sink") };
+    assert_eq!(p.mode, PostgresMode::TwoPhaseCommit);
+    assert_eq!(spec.guarantee(), Guarantee::ExactlyOnce);
+}
+
+#[test]
+fn a_postgres_sink_refuses_a_password_an_upsert_without_key_and_a_bad_table_naming_the_field() {
+    for (sink, field, says) in [
+        ("connection: host=h user=u password=hunter2\n    table: t", "sink.postgres.connection", "PGPASSWORD"),
+        ("connection: postgresql://u:hunter2@h/d\n    table: t", "sink.postgres.connection", "PGPASSWORD"),
+        ("connection: host=h\n    table: t\n    mode: upsert", "sink.postgres.key", "primary key"),
+        ("connection: host=h\n    table: t\n    key: [id]", "sink.postgres.key", "mode: upsert"),
+        ("connection: host=h\n    table: a.b.c", "sink.postgres.table", "SCHEMA.NAME"),
+    ] {
+        let err = parse(&format!("name: t\nsource:\n  generator: {{}}\nsink:\n  postgres:\n    {sink}\n")).unwrap_err().to_string();
+        assert!(err.contains(field) && err.contains(says), "{sink}: {err}");
+        assert!(!err.contains("hunter2"), "the password is in the message: {err}");
+    }
+}
+
+#[test]
+fn an_unknown_postgres_mode_names_the_known_ones() {
+    let err = parse("name: t\nsource:\n  generator: {}\nsink:\n  postgres:\n    connection: host=h\n    table: t\n    mode: eventually\n").unwrap_err().to_string();
+    assert!(err.contains("two-phase-commit") && err.contains("upsert"), "{err}");
+}

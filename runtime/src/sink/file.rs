@@ -26,7 +26,7 @@ use arrow::array::RecordBatch;
 use serde::{Deserialize, Serialize};
 use weir_api::{FileSinkSpec, Guarantee};
 
-use super::SinkRestore;
+use super::{SinkRestore, SinkState};
 use crate::error::{Error, Result};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -44,10 +44,6 @@ pub struct PendingFile {
     pub staged: Option<String>,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct FileSinkState {
-    pub pending: Vec<PendingFile>,
-}
 
 struct OpenFile {
     writer: BufWriter<File>,
@@ -145,7 +141,7 @@ impl FileSink {
         Ok(())
     }
 
-    pub fn pre_commit(&mut self, checkpoint_id: u64) -> Result<FileSinkState> {
+    pub fn pre_commit(&mut self, checkpoint_id: u64) -> Result<SinkState> {
         self.close_current()?;
         for (temp, final_name) in std::mem::take(&mut self.closed) {
             let p = PendingFile { checkpoint: checkpoint_id, temp, final_name, staged: None };
@@ -155,7 +151,7 @@ impl FileSink {
                 self.commit_file(&p)?;
             }
         }
-        Ok(FileSinkState { pending: self.pending.clone() })
+        Ok(SinkState { pending: self.pending.clone(), ..SinkState::default() })
     }
 
     pub fn commit(&mut self, checkpoint_id: u64) -> Result<()> {

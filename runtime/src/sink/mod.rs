@@ -8,10 +8,16 @@
 //!
 //! The file sink has two homes: a directory (`file.rs`: in-progress files
 //! renamed at commit) and S3 (`s3_file.rs`: hidden objects staged at the
-//! barrier, copied to their final names at commit). Both keep what is pending in the same [`FileSinkState`], so a
+//! barrier, copied to their final names at commit). Both keep what is pending in the same [`SinkState`], so a
 //! checkpoint does not care which one wrote it.
+//!
+//! The PostgreSQL sink (`postgres/`) is exactly-once by two-phase commit
+//! (prepared transactions pending in the same [`SinkState`]), through a
+//! write-ahead log (log entries in checkpoint storage, pending in the same
+//! state), or by upserts on a key (no state).
 
 mod file;
+mod postgres;
 mod s3_file;
 
 use std::collections::HashSet;
@@ -19,17 +25,67 @@ use std::io::Write;
 use std::path::Path;
 
 use arrow::array::RecordBatch;
+use arrow::datatypes::Schema;
 use arrow::json::LineDelimitedWriter;
-use weir_api::SinkSpec;
+use serde::{Deserialize, Serialize};
+use weir_api::{PostgresMode, SinkSpec};
+
+use crate::checkpoint::CheckpointStorage;
 
 use crate::error::{Error, Result};
 
-pub use file::{FileSink, FileSinkState, PendingFile};
+pub use file::{FileSink, PendingFile};
+pub use postgres::LogEntry;
 pub use s3_file::S3FileSink;
+
+/// Where a sink keeps what checkpoint storage holds for it: the PostgreSQL
+/// sink's write-ahead log, under the job's directory.
+const LOG_DIR: &str = "wal";
+
+/// A sink subtask's checkpointed state: what it has made durable but not
+/// yet published, per checkpoint. Part of the checkpoint format (inline
+/// JSON in `_metadata`); `transactions` was added with a serde default, so
+/// older checkpoints restore.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct SinkState {
+    /// The file sink's pending files.
+    #[serde(default)]
+    pub pending: Vec<PendingFile>,
+    /// The PostgreSQL sink's prepared transactions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub transactions: Vec<PendingTransaction>,
+    /// The PostgreSQL sink's write-ahead log entries.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub log: Vec<LogEntry>,
+}
+
+impl SinkState {
+    /// What a restore must not discard while this state may be restored:
+    /// in-progress file names, global transaction ids, log files and the
+    /// log entries' acknowledgement ids.
+    pub fn referenced(self) -> impl Iterator<Item = String> {
+        self.pending
+            .into_iter()
+            .map(|p| p.temp)
+            .chain(self.transactions.into_iter().map(|t| t.gid))
+            .chain(self.log.into_iter().flat_map(|e| [e.file.name, e.id]))
+    }
+}
+
+/// A prepared transaction waiting for its checkpoint to complete.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PendingTransaction {
+    pub checkpoint: u64,
+    /// Its global id, as `PREPARE TRANSACTION` named it.
+    pub gid: String,
+}
 
 pub enum SinkWriter {
     File(FileSink),
     S3File(S3FileSink),
+    PostgresTwoPhase(postgres::TwoPhaseCommit),
+    PostgresUpsert(postgres::Upsert),
+    PostgresWriteAhead(postgres::WriteAheadLog),
     Stdout,
     Blackhole,
 }
@@ -39,7 +95,7 @@ pub enum SinkWriter {
 pub struct SinkRestore<'a> {
     /// States of the restored snapshot's old subtasks this subtask takes
     /// over: their pending output is committed before anything new is written.
-    pub mine: Vec<FileSinkState>,
+    pub mine: Vec<SinkState>,
     /// Given to subtask 0 only: the in-progress files some retained snapshot
     /// still references. It discards the job's other in-progress files, which
     /// hold records that will be produced again.
@@ -49,10 +105,12 @@ pub struct SinkRestore<'a> {
 /// Once a job has finished (its final checkpoint committed): deletes the
 /// in-progress files (aborts the uploads) of the job that no retained
 /// snapshot references.
-pub async fn clean_up_after_finish(spec: &SinkSpec, job: &str, run_id: &str, keep: &HashSet<String>, base_dir: &Path) -> Result<()> {
+pub async fn clean_up_after_finish(spec: &SinkSpec, job: &str, run_id: &str, keep: &HashSet<String>, base_dir: &Path, storage: &CheckpointStorage) -> Result<()> {
     match spec {
         SinkSpec::File(f) if f.is_s3() => s3_file::discard_unreferenced(&s3_file::Output::open(&f.path)?, job, run_id, keep).await,
         SinkSpec::File(f) => file::discard_unreferenced(&base_dir.join(&f.path), job, run_id, keep),
+        SinkSpec::Postgres(p) if p.mode == PostgresMode::TwoPhaseCommit => postgres::discard_unreferenced(p, job, run_id, keep).await,
+        SinkSpec::Postgres(p) if p.mode == PostgresMode::WriteAheadLog => postgres::discard_after_finish(p, &storage.dir(LOG_DIR), job, run_id, keep).await,
         _ => Ok(()),
     }
 }
@@ -66,8 +124,18 @@ pub(crate) fn encode_jsonl(batch: &RecordBatch) -> std::result::Result<Vec<u8>, 
 }
 
 impl SinkWriter {
-    pub async fn open(spec: &SinkSpec, job: &str, subtask: u32, run_id: &str, restore: SinkRestore<'_>, base_dir: &Path) -> Result<Self> {
+    /// `schema` is the records' schema as they reach the sink; `storage`
+    /// the job's checkpoint storage (for a write-ahead log).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn open(spec: &SinkSpec, schema: &Schema, job: &str, subtask: u32, run_id: &str, restore: SinkRestore<'_>, base_dir: &Path, storage: &CheckpointStorage) -> Result<Self> {
         Ok(match spec {
+            SinkSpec::Postgres(p) => match p.mode {
+                PostgresMode::TwoPhaseCommit => SinkWriter::PostgresTwoPhase(postgres::TwoPhaseCommit::open(p, schema, job, subtask, run_id, restore).await?),
+                PostgresMode::Upsert => SinkWriter::PostgresUpsert(postgres::Upsert::open(p, schema).await?),
+                PostgresMode::WriteAheadLog => {
+                    SinkWriter::PostgresWriteAhead(postgres::WriteAheadLog::open(p, schema, job, subtask, run_id, storage.dir(LOG_DIR), restore).await?)
+                }
+            },
             SinkSpec::File(f) if f.is_s3() => SinkWriter::S3File(S3FileSink::open(f, job, subtask, run_id, restore).await?),
             SinkSpec::File(f) => SinkWriter::File(FileSink::open(f, job, subtask, run_id, restore, base_dir)?),
             SinkSpec::Stdout(_) => SinkWriter::Stdout,
@@ -79,6 +147,12 @@ impl SinkWriter {
         match self {
             SinkWriter::File(f) => f.write(batch),
             SinkWriter::S3File(f) => f.write(batch).await,
+            SinkWriter::PostgresTwoPhase(p) => p.write(batch).await,
+            SinkWriter::PostgresUpsert(p) => p.write(batch).await,
+            SinkWriter::PostgresWriteAhead(p) => {
+                p.write(batch);
+                Ok(())
+            }
             SinkWriter::Stdout => {
                 let lines = encode_jsonl(batch).map_err(Error::arrow("stdout sink"))?;
                 std::io::stdout().lock().write_all(&lines).map_err(Error::io("stdout sink"))
@@ -88,10 +162,14 @@ impl SinkWriter {
     }
 
     /// Makes everything written so far durable and pending on `checkpoint_id`.
-    pub async fn pre_commit(&mut self, checkpoint_id: u64) -> Result<Option<FileSinkState>> {
+    pub async fn pre_commit(&mut self, checkpoint_id: u64) -> Result<Option<SinkState>> {
         match self {
             SinkWriter::File(f) => f.pre_commit(checkpoint_id).map(Some),
             SinkWriter::S3File(f) => f.pre_commit(checkpoint_id).await.map(Some),
+            SinkWriter::PostgresTwoPhase(p) => p.pre_commit(checkpoint_id).await.map(Some),
+            // Every upsert committed when it was written.
+            SinkWriter::PostgresUpsert(_) => Ok(None),
+            SinkWriter::PostgresWriteAhead(p) => p.pre_commit(checkpoint_id).await.map(Some),
             SinkWriter::Stdout => {
                 std::io::stdout().flush().map_err(Error::io("stdout sink"))?;
                 Ok(None)
@@ -105,6 +183,8 @@ impl SinkWriter {
         match self {
             SinkWriter::File(f) => f.commit(checkpoint_id),
             SinkWriter::S3File(f) => f.commit(checkpoint_id).await,
+            SinkWriter::PostgresTwoPhase(p) => p.commit(checkpoint_id).await,
+            SinkWriter::PostgresWriteAhead(p) => p.commit(checkpoint_id).await,
             _ => Ok(()),
         }
     }

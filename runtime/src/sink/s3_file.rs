@@ -46,7 +46,8 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use weir_api::{FileSinkSpec, Guarantee};
 
-use super::file::{FileSinkState, PendingFile};
+use super::file::PendingFile;
+use super::SinkState;
 use super::SinkRestore;
 use crate::error::{Error, Result};
 
@@ -268,7 +269,7 @@ impl S3FileSink {
         Ok(())
     }
 
-    pub async fn pre_commit(&mut self, checkpoint_id: u64) -> Result<FileSinkState> {
+    pub async fn pre_commit(&mut self, checkpoint_id: u64) -> Result<SinkState> {
         self.close_current().await?;
         for final_name in std::mem::take(&mut self.closed) {
             let p = PendingFile { checkpoint: checkpoint_id, temp: marker_name(&final_name), staged: Some(staged_name(&final_name)), final_name };
@@ -278,7 +279,7 @@ impl S3FileSink {
                 self.commit_staged(&p).await?;
             }
         }
-        Ok(FileSinkState { pending: self.pending.clone() })
+        Ok(SinkState { pending: self.pending.clone(), ..SinkState::default() })
     }
 
     /// Publishes the files of every checkpoint up to `checkpoint_id`, all

@@ -353,7 +353,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                         mine: sink_states.iter().filter(|(old, _)| old % p == j).map(|(_, s)| s.clone()).collect(),
                         keep: if j == 0 { keep.as_ref() } else { None },
                     };
-                    let sink = SinkWriter::open(&spec.sink, &spec.name, j, &cluster.run_id, restore, &cfg.base_dir).await?;
+                    let sink = SinkWriter::open(&spec.sink, &schema, &spec.name, j, &cluster.run_id, restore, &cfg.base_dir, &storage).await?;
                     let notifications = sink_notifications.remove(&j).ok_or_else(|| Error::Job("sink notifications taken twice".into()))?;
                     Output::Sink { sink, notifications }
                 }
@@ -452,7 +452,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
         // Retention ran before the final commit: what it deleted no longer
         // protects in-progress files.
         let keep = restore::referenced_sink_files(&storage, None).await?;
-        crate::sink::clean_up_after_finish(&spec.sink, &spec.name, &cluster.run_id, &keep, &cfg.base_dir).await?;
+        crate::sink::clean_up_after_finish(&spec.sink, &spec.name, &cluster.run_id, &keep, &cfg.base_dir, &storage).await?;
     }
     // Let the coordinator answer the last status requests of the supervisor.
     tokio::time::sleep(Duration::from_millis(100)).await;

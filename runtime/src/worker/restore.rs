@@ -14,7 +14,7 @@ use crate::checkpoint::{CheckpointMetadata, CheckpointStorage, Location};
 use crate::error::{Error, Result};
 use crate::key_group::groups_of_subtask;
 use crate::plan::{JobPlan, SINK_ID, SOURCE_ID};
-use crate::sink::FileSinkState;
+use crate::sink::SinkState;
 use crate::source::SourcePositions;
 
 /// What `--restore` names: `latest`, or a checkpoint or savepoint directory
@@ -92,7 +92,7 @@ impl RestoredState {
     }
 
     /// Every old sink subtask's state, with its old subtask index.
-    pub fn sink_states(&self) -> Result<Vec<(u32, FileSinkState)>> {
+    pub fn sink_states(&self) -> Result<Vec<(u32, SinkState)>> {
         self.inline_states(SINK_ID)
     }
 
@@ -136,8 +136,8 @@ pub async fn referenced_sink_files(storage: &CheckpointStorage, restored: Option
     let mut keep = HashSet::new();
     let mut add = |meta: &CheckpointMetadata| {
         for s in meta.operators.get(SINK_ID).into_iter().flatten() {
-            if let Some(Ok(state)) = s.inline.as_ref().map(|v| serde_json::from_value::<FileSinkState>(v.clone())) {
-                keep.extend(state.pending.into_iter().map(|p| p.temp));
+            if let Some(Ok(state)) = s.inline.as_ref().map(|v| serde_json::from_value::<SinkState>(v.clone())) {
+                keep.extend(state.referenced());
             }
         }
     };

@@ -4,7 +4,6 @@
 //! handle to it is dropped. Tests talk to it with curl's SigV4 signing, as a
 //! user would with any S3 client; weir talks to it through object_store.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -44,21 +43,6 @@ struct Process {
     data: tempfile::TempDir,
 }
 
-/// A free loopback port below the kernel's ephemeral range (32768 and up
-/// by default). A port from `bind(":0")` is an ephemeral one: while a
-/// server is stopped to be restarted, the kernel may hand its port to
-/// another test's `bind(":0")` (a worker's, or another MinIO's), and the
-/// restarted server then fails to bind while the health check answers from
-/// the other one (seen: a job whose bucket vanished under it).
-fn free_port() -> u16 {
-    loop {
-        let port = 20_000 + rand::random::<u16>() % 12_000;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-}
-
 impl Process {
     /// Starts the server and waits until it answers; an error if the
     /// process exited instead (its port taken).
@@ -90,11 +74,29 @@ impl Process {
                 .is_ok_and(|s| s.success());
             // Ours answered only if it is still alive (another server may hold the port).
             if ready && self.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_none()) {
-                return Ok(());
+                return self.check_identity();
             }
             assert!(start.elapsed() < Duration::from_secs(60), "MinIO did not become ready on port {} within 60 s", self.port);
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Whether the server answering on our port is ours: a bucket created
+    /// through it must appear in our data directory. A server that is
+    /// alive but still waiting for the port (another test's server holds
+    /// it) would otherwise pass the health check with the other's answer
+    /// (seen: a job that found no bucket at its first request).
+    fn check_identity(&mut self) -> Result<(), String> {
+        let probe = format!("identity-{:08x}", rand::random::<u32>());
+        let endpoint = format!("http://127.0.0.1:{}", self.port);
+        let made = curl(&endpoint, &["-f", "-X", "PUT"], &format!("/{probe}")).status.success();
+        let ours = made && self.data.path().join(&probe).is_dir();
+        let _ = curl(&endpoint, &["-X", "DELETE"], &format!("/{probe}"));
+        if ours {
+            return Ok(());
+        }
+        self.stop();
+        Err(format!("the server answering on port {} is not ours (its bucket is not in our data directory)", self.port))
     }
 
     fn stop(&mut self) {
@@ -123,7 +125,7 @@ impl Server {
         let data = tempfile::tempdir().unwrap();
         let mut process = Process { child: None, port: 0, data };
         for attempt in 1.. {
-            process.port = free_port();
+            process.port = super::free_port();
             match process.spawn() {
                 Ok(()) => break,
                 Err(e) if attempt < 5 => eprintln!("{e}; trying another port"),

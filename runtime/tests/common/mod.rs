@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod minio;
+pub mod postgres;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -27,6 +28,9 @@ pub struct Job {
     /// The file sink's output when it is in S3 (see [`Job::output_on_s3`]):
     /// the bucket and the key prefix.
     pub s3_output: Option<(minio::Bucket, String)>,
+    /// The sink's table when it writes to PostgreSQL (see
+    /// [`Job::output_to_postgres`]): the server's port and the table.
+    pub pg_output: Option<(u16, String)>,
 }
 
 impl Job {
@@ -41,7 +45,7 @@ impl Job {
     /// A job of any pipeline named `eo-test` whose sink writes to `out/eo`
     /// (what `worker_pids` and `committed_lines` expect).
     pub fn with_pipeline(yaml: &str, events: u64, keys: u64) -> Job {
-        let job = Job { dir: tempfile::tempdir().unwrap(), events, keys, state: "state".into(), env: Vec::new(), s3: None, s3_output: None };
+        let job = Job { dir: tempfile::tempdir().unwrap(), events, keys, state: "state".into(), env: Vec::new(), s3: None, s3_output: None, pg_output: None };
         job.write_pipeline(yaml);
         job
     }
@@ -66,6 +70,22 @@ impl Job {
             self.env = bucket.env();
         }
         self.s3_output = Some((bucket.clone(), prefix));
+        self
+    }
+
+    /// Writes the sink's output to a new table of `server` instead of
+    /// `out/eo`: `mode` is the postgres sink's mode, `columns` the table's
+    /// columns (`seq`, `key`, `value`, `count` with their constraints).
+    pub fn output_to_postgres(mut self, server: &postgres::Server, mode: &str, columns: &str) -> Job {
+        let table = format!("eo_{}", rand_suffix());
+        server.psql(&format!("CREATE TABLE {table} ({columns})"));
+        let yaml = std::fs::read_to_string(self.path("pipeline.yaml")).unwrap();
+        let file_sink = "sink:\n  file:\n    path: out/eo\n    format: jsonl\n    guarantee: exactly-once\n";
+        assert!(yaml.contains(file_sink), "the pipeline's sink is not the file sink of out/eo");
+        let key = if mode == "upsert" { "\n    key: [key]" } else { "" };
+        self.write_pipeline(&yaml.replace(file_sink, &format!("sink:\n  postgres:\n    connection: {}\n    table: {table}\n    mode: {mode}{key}\n", server.connection())));
+        self.env.extend(server.env());
+        self.pg_output = Some((server.port, table));
         self
     }
 
@@ -163,6 +183,9 @@ impl Job {
 
     /// Committed output: every line of every file whose name does not begin with `.`.
     pub fn committed_lines(&self) -> Vec<serde_json::Value> {
+        if let Some((port, table)) = &self.pg_output {
+            return postgres::rows_at(*port, table);
+        }
         let mut out = Vec::new();
         if let Some((bucket, _)) = &self.s3_output {
             for key in self.output_keys() {
@@ -209,6 +232,27 @@ impl Job {
             assert_eq!(c, (1..=n).collect::<Vec<_>>(), "counts of key {key}");
             let expected = (self.events as i64 - key + self.keys as i64 - 1) / self.keys as i64;
             assert_eq!(n, expected, "events of key {key}");
+        }
+    }
+}
+
+/// A free loopback port below the kernel's ephemeral range (32768 and up
+/// by default). A port from `bind(":0")` is an ephemeral one: while a
+/// server is stopped to be restarted, the kernel may hand its port to
+/// another test's `bind(":0")` (a worker's, or another MinIO's), and the
+/// restarted server then fails to bind while the health check answers from
+/// the other one (seen: a job whose bucket vanished under it). Ports are
+/// handed out in sequence from a random start, so that no two servers of
+/// one test process (tests run as threads) are ever given the same port,
+/// even while one of them is stopped.
+pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let _ = NEXT.compare_exchange(0, 20_000 + rand::random::<u32>() % 10_000, Ordering::SeqCst, Ordering::SeqCst);
+    loop {
+        let port = (20_000 + (NEXT.fetch_add(1, Ordering::SeqCst) - 20_000) % 12_000) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
         }
     }
 }

@@ -1,0 +1,231 @@
+//! Exactly-once into PostgreSQL through a write-ahead log.
+//!
+//! Records of a checkpoint interval are kept in memory; at the barrier they
+//! are written to the job's checkpoint storage as one log entry
+//! (`<state>/<job>/wal/<run>-<subtask>-<checkpoint>.arrow`, Arrow IPC, size
+//! and CRC recorded), and the entry is the sink's checkpointed state.
+//! Nothing reaches the table before the checkpoint completes. Then the
+//! entry is written in one transaction that also inserts its id into the
+//! acknowledgement table `weir_sink_acks` (in the table's schema): the
+//! acknowledgement commits with the rows or not at all, so a crash at any
+//! moment either left both or neither, and a retried entry whose
+//! acknowledgement exists is skipped. The window in which the generic
+//! write-ahead-log sink may write a batch twice (after the write, before
+//! the acknowledgement) does not exist on PostgreSQL: the database is
+//! transactional, and the acknowledgement is part of the write.
+//!
+//! Unlike two-phase commit, nothing stays open in the database between the
+//! barrier and the completion (no prepared transaction holding locks or the
+//! vacuum horizon, no `max_prepared_transactions`); the price is that every
+//! checkpoint's records are written twice, once to the log.
+//!
+//! Log files are deleted once written; on restore subtask 0 deletes the
+//! job's log files and acknowledgements that no retained snapshot
+//! references (records that will be produced again, entries no restore
+//! will write again).
+
+use std::collections::HashSet;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::{Schema, SchemaRef};
+use serde::{Deserialize, Serialize};
+use tokio_postgres::{Client, Statement};
+use weir_api::PostgresSinkSpec;
+
+use super::{column_arrays, connect, failed, params, quote_ident, Table};
+use crate::checkpoint::{Location, StateFile};
+use crate::error::{Error, Result};
+use crate::sink::{SinkRestore, SinkState};
+use crate::worker::restore::{decode_state, encode_state};
+
+/// The acknowledgement table, created in the sink table's schema.
+pub const ACK_TABLE: &str = "weir_sink_acks";
+
+/// A log entry waiting for its checkpoint to complete.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LogEntry {
+    pub checkpoint: u64,
+    /// `weir:<job>:<run>:<subtask>:<checkpoint>`, its acknowledgement's key.
+    pub id: String,
+    /// The entry's file in the job's `wal` directory.
+    pub file: StateFile,
+}
+
+pub struct WriteAheadLog {
+    client: Client,
+    insert: Statement,
+    acknowledge: Statement,
+    is_acknowledged: Statement,
+    table: Table,
+    log: Location,
+    schema: SchemaRef,
+    job: String,
+    subtask: u32,
+    run_id: String,
+    /// Records since the last barrier.
+    buffer: Vec<RecordBatch>,
+    /// Entries written to the log, not yet to the table; their records
+    /// stay in memory too, so a commit does not read them back.
+    pending: Vec<(LogEntry, Option<RecordBatch>)>,
+}
+
+fn job_prefix(job: &str) -> String {
+    format!("weir:{job}:")
+}
+
+impl WriteAheadLog {
+    pub async fn open(spec: &PostgresSinkSpec, schema: &Schema, job: &str, subtask: u32, run_id: &str, log: Location, restore: SinkRestore<'_>) -> Result<Self> {
+        let client = connect(spec, "writer").await?;
+        let table = Table::check(&client, spec, schema).await?;
+        let acks = ack_table(spec);
+        match client.batch_execute(&format!("CREATE TABLE IF NOT EXISTS {acks} (id text PRIMARY KEY, written_at timestamptz NOT NULL DEFAULT now())")).await {
+            Ok(()) => {}
+            // Another subtask created it at the same moment: `IF NOT EXISTS`
+            // does not cover that race (unique_violation on the catalog,
+            // or duplicate_table).
+            Err(e) if e.code().is_some_and(|c| c.code() == "23505" || c.code() == "42P07") => {}
+            Err(e) => return Err(failed(format!("postgres sink: creating the acknowledgement table {acks} (write-ahead-log mode needs it; grant CREATE on the schema or create it)"))(e)),
+        }
+        let insert = client.prepare(&table.insert_from_arrays()).await.map_err(failed(format!("postgres sink: preparing the insert into {}", table.name)))?;
+        let acknowledge = client
+            .prepare(&format!("INSERT INTO {acks} (id) VALUES ($1) ON CONFLICT (id) DO NOTHING"))
+            .await
+            .map_err(failed(format!("postgres sink: preparing the acknowledgement in {acks}")))?;
+        let is_acknowledged = client
+            .prepare(&format!("SELECT 1 FROM {acks} WHERE id = $1"))
+            .await
+            .map_err(failed(format!("postgres sink: preparing the acknowledgement lookup in {acks}")))?;
+        let mut sink = WriteAheadLog {
+            client,
+            insert,
+            acknowledge,
+            is_acknowledged,
+            table,
+            log,
+            schema: std::sync::Arc::new(schema.clone()),
+            job: job.to_string(),
+            subtask,
+            run_id: run_id.to_string(),
+            buffer: Vec::new(),
+            pending: Vec::new(),
+        };
+        // The restored checkpoint completed: its entries are written (again,
+        // harmlessly) before anything new.
+        for entry in restore.mine.iter().flat_map(|s| &s.log) {
+            sink.write_entry(entry, None).await?;
+        }
+        if let Some(keep) = restore.keep {
+            discard_unreferenced(&sink.client, &sink.log, &acks, job, run_id, keep).await?;
+        }
+        Ok(sink)
+    }
+
+    pub fn write(&mut self, batch: &RecordBatch) {
+        if batch.num_rows() > 0 {
+            self.buffer.push(batch.clone());
+        }
+    }
+
+    /// The interval's records become a log entry pending on `checkpoint_id`.
+    pub async fn pre_commit(&mut self, checkpoint_id: u64) -> Result<SinkState> {
+        if !self.buffer.is_empty() {
+            let batch = arrow::compute::concat_batches(&self.schema, &self.buffer).map_err(Error::arrow("postgres sink: collecting the log entry"))?;
+            self.buffer.clear();
+            let name = format!("{}-{:03}-{checkpoint_id:012}.arrow", self.run_id, self.subtask);
+            let file = self.log.put_state_file(&name, encode_state(&batch)?).await?;
+            let id = format!("{}{}:{}:{checkpoint_id}", job_prefix(&self.job), self.run_id, self.subtask);
+            self.pending.push((LogEntry { checkpoint: checkpoint_id, id, file }, Some(batch)));
+        }
+        Ok(SinkState { log: self.pending.iter().map(|(e, _)| e.clone()).collect(), ..SinkState::default() })
+    }
+
+    /// Writes the entries pending on checkpoints up to `checkpoint_id`.
+    pub async fn commit(&mut self, checkpoint_id: u64) -> Result<()> {
+        while self.pending.first().is_some_and(|(e, _)| e.checkpoint <= checkpoint_id) {
+            let (entry, batch) = self.pending.remove(0);
+            self.write_entry(&entry, batch).await?;
+        }
+        Ok(())
+    }
+
+    /// Writes one entry and its acknowledgement in one transaction, unless
+    /// it is acknowledged already; then deletes its log file. Without the
+    /// records in memory (a restore) the file is read only when the entry
+    /// is not acknowledged: a written entry's file may be gone.
+    async fn write_entry(&mut self, entry: &LogEntry, batch: Option<RecordBatch>) -> Result<()> {
+        let context = |what: &str| format!("postgres sink: {what} log entry {} (checkpoint {})", entry.id, entry.checkpoint);
+        let batch = match batch {
+            Some(b) => Some(b),
+            None => {
+                let written = self.client.query_opt(&self.is_acknowledged, &[&entry.id]).await.map_err(failed(context("looking up")))?;
+                match written {
+                    Some(_) => None,
+                    None => Some(self.read_entry(entry).await?),
+                }
+            }
+        };
+        if let Some(batch) = batch {
+            let tx = self.client.transaction().await.map_err(failed(context("beginning the transaction of")))?;
+            if tx.execute(&self.acknowledge, &[&entry.id]).await.map_err(failed(context("acknowledging")))? == 0 {
+                tracing::debug!(entry = %entry.id, "log entry written before");
+            } else {
+                let arrays = column_arrays(&batch)?;
+                tx.execute(&self.insert, &params(&arrays))
+                    .await
+                    .map_err(failed(format!("postgres sink: inserting {} rows of log entry {} into {}", batch.num_rows(), entry.id, self.table.name)))?;
+            }
+            tx.commit().await.map_err(failed(context("committing")))?;
+        }
+        self.log.delete(&entry.file.name).await
+    }
+
+    async fn read_entry(&self, entry: &LogEntry) -> Result<RecordBatch> {
+        match self.log.get(&entry.file.name).await? {
+            None => Err(Error::LostLogEntry { location: format!("{}/{}", self.log.display, entry.file.name), checkpoint: entry.checkpoint }),
+            Some(_) => {
+                let bytes = self.log.read_state_file(&entry.file).await?;
+                let batches = decode_state(&format!("{}/{}", self.log.display, entry.file.name), bytes.to_vec())?;
+                arrow::compute::concat_batches(&self.schema, &batches).map_err(|e| Error::BadCheckpoint {
+                    location: format!("{}/{}", self.log.display, entry.file.name),
+                    message: format!("the log entry does not have the records' schema: {e}"),
+                })
+            }
+        }
+    }
+}
+
+/// Deletes job `job`'s log files of runs other than `run_id` that no
+/// retained snapshot references (`keep`), and their acknowledgements: no
+/// restore will write those entries again.
+async fn discard_unreferenced(client: &Client, log: &Location, acks: &str, job: &str, run_id: &str, keep: &HashSet<String>) -> Result<()> {
+    let current = format!("{run_id}-");
+    for name in log.list_objects("").await? {
+        if name.ends_with(".arrow") && !name.starts_with(&current) && !keep.contains(&name) {
+            tracing::info!(file = %name, "discarding the log entry of a checkpoint that never completed");
+            log.delete(&name).await?;
+        }
+    }
+    let keep: Vec<&str> = keep.iter().map(String::as_str).filter(|k| k.starts_with("weir:")).collect();
+    client
+        .execute(
+            &format!("DELETE FROM {acks} WHERE starts_with(id, $1) AND NOT starts_with(id, $2) AND NOT (id = ANY($3))"),
+            &[&job_prefix(job), &format!("{}{run_id}:", job_prefix(job)), &keep],
+        )
+        .await
+        .map_err(failed(format!("postgres sink: deleting acknowledgements no snapshot needs from {acks}")))?;
+    Ok(())
+}
+
+/// Once a job has finished: [`discard_unreferenced`] on a connection of its own.
+pub async fn discard_after_finish(spec: &PostgresSinkSpec, log: &Location, job: &str, run_id: &str, keep: &HashSet<String>) -> Result<()> {
+    let client = connect(spec, "clean-up").await?;
+    discard_unreferenced(&client, log, &ack_table(spec), job, run_id, keep).await
+}
+
+/// The acknowledgement table's name in SQL: in the sink table's schema.
+fn ack_table(spec: &PostgresSinkSpec) -> String {
+    match spec.table.split_once('.') {
+        Some((schema, _)) => format!("{}.{}", quote_ident(schema), quote_ident(ACK_TABLE)),
+        None => quote_ident(ACK_TABLE),
+    }
+}

@@ -1,0 +1,227 @@
+//! The PostgreSQL sink against a real server (Debian's PostgreSQL, a
+//! throwaway cluster per test): SIGKILLs of workers and of whole process
+//! trees at random moments leave the table equal to a failure-free run's,
+//! in `two-phase-commit` and `write-ahead-log` modes row for row and in
+//! `upsert` mode key for key;
+//! rows of a checkpoint stay invisible until it completes; and a missing
+//! table or column, a server without prepared transactions or a wrong
+//! password stop the job at once with a message that names what is wrong
+//! and never the password.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const EVENT_COLUMNS: &str = "seq bigint, key bigint, value bigint, count bigint";
+
+fn two_phase_job(pg: &postgres::Server, parallelism: u32, events: u64, keys: u64, interval: &str) -> Job {
+    Job::counting(parallelism, events, keys, 30_000, interval).output_to_postgres(pg, "two-phase-commit", EVENT_COLUMNS)
+}
+
+fn write_ahead_job(pg: &postgres::Server, parallelism: u32, events: u64, keys: u64, interval: &str) -> Job {
+    Job::counting(parallelism, events, keys, 30_000, interval).output_to_postgres(pg, "write-ahead-log", EVENT_COLUMNS)
+}
+
+/// Every log entry was written and deleted: nothing is left in the job's
+/// `wal` directory once it finished.
+fn assert_write_ahead_log_empty(job: &Job) {
+    let left: Vec<_> = std::fs::read_dir(job.path("state/eo-test/wal")).map(|d| d.flatten().map(|e| e.file_name()).collect()).unwrap_or_default();
+    assert!(left.is_empty(), "log entries left after the job finished: {left:?}");
+}
+
+/// No prepared transaction of the job may outlive it: each is committed or
+/// rolled back.
+fn assert_no_prepared_transactions(pg: &postgres::Server) {
+    let left = pg.prepared();
+    assert!(left.is_empty(), "prepared transactions left after the job finished: {left:?}");
+}
+
+#[test]
+fn worker_kills_with_a_two_phase_commit_postgres_sink_keep_exactly_once() {
+    let pg = postgres::Server::start();
+    let job = two_phase_job(&pg, 2, 120_000, 97, "150ms");
+    let mut child = job.spawn(&[]);
+    let kills = kill_workers_while_running(&job, &mut child, 4);
+    let out = wait_with_timeout(child, Duration::from_secs(180));
+    assert!(out.status.success(), "weir run failed:\n{}", stderr(&out));
+    assert!(kills >= 2, "only {kills} kills happened before the job ended");
+    assert!(stderr(&out).contains("restarting"), "no restart was reported:\n{}", stderr(&out));
+    job.assert_exactly_once();
+    assert_no_prepared_transactions(&pg);
+}
+
+#[test]
+fn whole_tree_kills_then_restore_latest_at_another_parallelism_keep_the_table_exactly_once() {
+    let pg = postgres::Server::start();
+    let job = two_phase_job(&pg, 3, 150_000, 53, "200ms");
+    kill_trees_then_restore_latest(&job, 700..1500, Some("2"));
+    job.assert_exactly_once();
+    assert_no_prepared_transactions(&pg);
+}
+
+#[test]
+fn a_crash_between_checkpoint_completion_and_commit_commits_the_transactions_on_restore() {
+    let pg = postgres::Server::start();
+    let job = two_phase_job(&pg, 3, 60_000, 31, "100ms");
+    let marker = job.path("fault-fired");
+    let out = job.command(&[]).env("WEIR_FAULT", "after-complete@3").env("WEIR_FAULT_ONCE", &marker).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(marker.exists(), "the fault never fired");
+    job.assert_exactly_once();
+    assert_no_prepared_transactions(&pg);
+}
+
+/// Without periodic checkpoints nothing completes until the job ends, so
+/// a savepoint's rows must stay invisible (prepared) through a crash, and
+/// restoring the savepoint publishes them once.
+#[test]
+fn rows_stay_invisible_until_their_checkpoint_completes_and_a_restored_savepoint_publishes_them_once() {
+    let pg = postgres::Server::start();
+    let job = Job::counting(2, 90_000, 41, 20_000, "0s").output_to_postgres(&pg, "two-phase-commit", EVENT_COLUMNS);
+    let table = job.pg_output.clone().unwrap().1;
+    let child = job.spawn(&[]);
+    let savepoint = job.take_savepoint();
+    let prepared = pg.prepared();
+    assert!(prepared.iter().any(|g| g.starts_with("weir:eo-test:")), "the savepoint prepared no transaction: {prepared:?}");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(pg.psql(&format!("SELECT count(*) FROM {table}")).trim(), "0", "rows are visible before any checkpoint completed");
+    kill_group(child.id());
+    let _ = child.wait_with_output();
+    assert_eq!(pg.psql(&format!("SELECT count(*) FROM {table}")).trim(), "0", "rows became visible when the job was killed");
+    let out = job.run(&["--restore", &savepoint]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("from savepoint"), "{}", stderr(&out));
+    job.assert_exactly_once();
+    assert_no_prepared_transactions(&pg);
+}
+
+/// A prepared transaction of a killed run that no snapshot references (a
+/// checkpoint that never completed) is rolled back by the next run, and
+/// one of another job is left alone.
+#[test]
+fn a_restore_rolls_back_this_jobs_unreferenced_prepared_transactions_and_leaves_other_jobs_alone() {
+    let pg = postgres::Server::start();
+    let job = two_phase_job(&pg, 2, 40_000, 17, "200ms");
+    let table = job.pg_output.clone().unwrap().1;
+    for (gid, seq) in [("weir:eo-test:0000dead:0:99", -1), ("weir:other-job:0000beef:0:7", -2)] {
+        pg.psql(&format!("BEGIN; INSERT INTO {table} VALUES ({seq}, 0, 0, 0); PREPARE TRANSACTION '{gid}'"));
+    }
+    let out = job.run(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(pg.prepared(), vec!["weir:other-job:0000beef:0:7".to_string()]);
+    pg.psql("ROLLBACK PREPARED 'weir:other-job:0000beef:0:7'");
+    job.assert_exactly_once();
+}
+
+/// The write-ahead log needs no prepared transactions: this server has none.
+#[test]
+fn worker_kills_with_a_write_ahead_log_postgres_sink_keep_exactly_once() {
+    let pg = postgres::Server::start_with(&["-c", "max_prepared_transactions=0"]);
+    let job = write_ahead_job(&pg, 2, 120_000, 97, "150ms");
+    let mut child = job.spawn(&[]);
+    let kills = kill_workers_while_running(&job, &mut child, 4);
+    let out = wait_with_timeout(child, Duration::from_secs(180));
+    assert!(out.status.success(), "weir run failed:\n{}", stderr(&out));
+    assert!(kills >= 2, "only {kills} kills happened before the job ended");
+    job.assert_exactly_once();
+    assert_write_ahead_log_empty(&job);
+    let acks: u64 = pg.psql("SELECT count(*) FROM weir_sink_acks").trim().parse().unwrap();
+    assert!(acks > 0, "no log entry was acknowledged");
+}
+
+#[test]
+fn whole_tree_kills_then_restore_latest_at_another_parallelism_keep_a_write_ahead_log_sink_exactly_once() {
+    let pg = postgres::Server::start();
+    let job = write_ahead_job(&pg, 2, 150_000, 53, "200ms");
+    kill_trees_then_restore_latest(&job, 700..1500, Some("3"));
+    job.assert_exactly_once();
+    assert_write_ahead_log_empty(&job);
+}
+
+/// The checkpoint completed but its entry never reached the table: the
+/// restore writes it, once.
+#[test]
+fn a_crash_between_checkpoint_completion_and_commit_writes_the_log_entry_on_restore() {
+    let pg = postgres::Server::start();
+    let job = write_ahead_job(&pg, 3, 60_000, 31, "100ms");
+    let marker = job.path("fault-fired");
+    let out = job.command(&[]).env("WEIR_FAULT", "after-complete@3").env("WEIR_FAULT_ONCE", &marker).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(marker.exists(), "the fault never fired");
+    job.assert_exactly_once();
+    assert_write_ahead_log_empty(&job);
+}
+
+#[test]
+fn worker_kills_with_an_upsert_postgres_sink_leave_every_keys_final_row() {
+    let pg = postgres::Server::start();
+    let (events, keys) = (120_000u64, 97u64);
+    let job = Job::counting(2, events, keys, 30_000, "150ms").output_to_postgres(&pg, "upsert", "key bigint PRIMARY KEY, seq bigint, value bigint, count bigint");
+    let mut child = job.spawn(&[]);
+    let kills = kill_workers_while_running(&job, &mut child, 4);
+    let out = wait_with_timeout(child, Duration::from_secs(180));
+    assert!(out.status.success(), "weir run failed:\n{}", stderr(&out));
+    assert!(kills >= 2, "only {kills} kills happened before the job ended");
+    // A failure-free run leaves, per key, the version counted last: the
+    // count of all its events. Which event came last depends on how the
+    // source subtasks interleave, in any run, so only its key is checked.
+    let rows: BTreeMap<i64, (i64, i64)> = job.committed_lines().iter().map(|r| (r["key"].as_i64().unwrap(), (r["seq"].as_i64().unwrap(), r["count"].as_i64().unwrap()))).collect();
+    assert_eq!(rows.len() as u64, keys);
+    for (key, (seq, count)) in rows {
+        let n = (events as i64 - key + keys as i64 - 1) / keys as i64;
+        assert_eq!(count, n, "count of key {key}");
+        assert_eq!(seq % keys as i64, key, "the row of key {key} holds event {seq} of another key");
+    }
+}
+
+fn run_failing(job: &Job) -> String {
+    let start = Instant::now();
+    let out = wait_with_timeout(job.spawn(&[]), Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(3), "the job did not fail at once as it should:\n{}", stderr(&out));
+    assert!(start.elapsed() < Duration::from_secs(30), "the job kept restarting instead of failing: {:?}", start.elapsed());
+    let err = stderr(&out);
+    assert!(!err.contains(postgres::PASSWORD), "the password is in the output:\n{err}");
+    err
+}
+
+#[test]
+fn a_missing_table_or_column_fails_the_job_at_once_naming_it() {
+    let pg = postgres::Server::start();
+    let job = two_phase_job(&pg, 1, 1_000, 10, "200ms");
+    let table = job.pg_output.clone().unwrap().1;
+    pg.psql(&format!("DROP TABLE {table}"));
+    let err = run_failing(&job);
+    assert!(err.contains("sink.postgres.table") && err.contains(&format!("table {table} does not exist")), "{err}");
+
+    pg.psql(&format!("CREATE TABLE {table} (seq bigint, key bigint, value bigint)"));
+    let err = run_failing(&job);
+    assert!(err.contains("has no column count"), "{err}");
+
+    // The user fixes the table; the job runs.
+    pg.psql(&format!("ALTER TABLE {table} ADD COLUMN count bigint"));
+    let out = job.run(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    job.assert_exactly_once();
+}
+
+#[test]
+fn two_phase_commit_on_a_server_without_prepared_transactions_names_the_setting() {
+    let pg = postgres::Server::start_with(&["-c", "max_prepared_transactions=0"]);
+    let job = two_phase_job(&pg, 1, 1_000, 10, "200ms");
+    let err = run_failing(&job);
+    assert!(err.contains("max_prepared_transactions") && err.contains("mode: write-ahead-log"), "{err}");
+}
+
+#[test]
+fn a_wrong_password_names_the_server_and_user_but_never_the_password() {
+    let pg = postgres::Server::start();
+    let mut job = two_phase_job(&pg, 1, 1_000, 10, "200ms");
+    job.env.retain(|(k, _)| k != "PGPASSWORD");
+    job.env.push(("PGPASSWORD".into(), "not-the-password-77".into()));
+    let err = run_failing(&job);
+    assert!(err.contains("password authentication failed") && err.contains(&format!("port {}", pg.port)) && err.contains("user weir"), "{err}");
+    assert!(!err.contains("not-the-password-77"), "{err}");
+}
