@@ -39,16 +39,30 @@ fn assert_no_prepared_transactions(pg: &postgres::Server) {
     assert!(left.is_empty(), "prepared transactions left after the job finished: {left:?}");
 }
 
-#[test]
-fn worker_kills_with_a_two_phase_commit_postgres_sink_keep_exactly_once() {
-    let pg = postgres::Server::start();
-    let job = two_phase_job(&pg, 2, 120_000, 97, "150ms");
+/// Runs `job` to its end while SIGKILLing a random worker four times.
+fn run_with_worker_kills(job: &Job) {
     let mut child = job.spawn(&[]);
-    let kills = kill_workers_while_running(&job, &mut child, 4);
+    let kills = kill_workers_while_running(job, &mut child, 4);
     let out = wait_with_timeout(child, Duration::from_secs(180));
     assert!(out.status.success(), "weir run failed:\n{}", stderr(&out));
     assert!(kills >= 2, "only {kills} kills happened before the job ended");
     assert!(stderr(&out).contains("restarting"), "no restart was reported:\n{}", stderr(&out));
+}
+
+/// Runs `job` to its end with one crash between the completion of
+/// checkpoint 3 and its commit.
+fn run_with_a_crash_between_completion_and_commit(job: &Job) {
+    let marker = job.path("fault-fired");
+    let out = job.command(&[]).env("WEIR_FAULT", "after-complete@3").env("WEIR_FAULT_ONCE", &marker).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(marker.exists(), "the fault never fired");
+}
+
+#[test]
+fn worker_kills_with_a_two_phase_commit_postgres_sink_keep_exactly_once() {
+    let pg = postgres::Server::start();
+    let job = two_phase_job(&pg, 2, 120_000, 97, "150ms");
+    run_with_worker_kills(&job);
     job.assert_exactly_once();
     assert_no_prepared_transactions(&pg);
 }
@@ -66,10 +80,7 @@ fn whole_tree_kills_then_restore_latest_at_another_parallelism_keep_the_table_ex
 fn a_crash_between_checkpoint_completion_and_commit_commits_the_transactions_on_restore() {
     let pg = postgres::Server::start();
     let job = two_phase_job(&pg, 3, 60_000, 31, "100ms");
-    let marker = job.path("fault-fired");
-    let out = job.command(&[]).env("WEIR_FAULT", "after-complete@3").env("WEIR_FAULT_ONCE", &marker).output().unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert!(marker.exists(), "the fault never fired");
+    run_with_a_crash_between_completion_and_commit(&job);
     job.assert_exactly_once();
     assert_no_prepared_transactions(&pg);
 }
@@ -121,11 +132,7 @@ fn a_restore_rolls_back_this_jobs_unreferenced_prepared_transactions_and_leaves_
 fn worker_kills_with_a_write_ahead_log_postgres_sink_keep_exactly_once() {
     let pg = postgres::Server::start_with(&["-c", "max_prepared_transactions=0"]);
     let job = write_ahead_job(&pg, 2, 120_000, 97, "150ms");
-    let mut child = job.spawn(&[]);
-    let kills = kill_workers_while_running(&job, &mut child, 4);
-    let out = wait_with_timeout(child, Duration::from_secs(180));
-    assert!(out.status.success(), "weir run failed:\n{}", stderr(&out));
-    assert!(kills >= 2, "only {kills} kills happened before the job ended");
+    run_with_worker_kills(&job);
     job.assert_exactly_once();
     assert_write_ahead_log_empty(&job);
     let acks: u64 = pg.psql("SELECT count(*) FROM weir_sink_acks").trim().parse().unwrap();
@@ -147,10 +154,7 @@ fn whole_tree_kills_then_restore_latest_at_another_parallelism_keep_a_write_ahea
 fn a_crash_between_checkpoint_completion_and_commit_writes_the_log_entry_on_restore() {
     let pg = postgres::Server::start();
     let job = write_ahead_job(&pg, 3, 60_000, 31, "100ms");
-    let marker = job.path("fault-fired");
-    let out = job.command(&[]).env("WEIR_FAULT", "after-complete@3").env("WEIR_FAULT_ONCE", &marker).output().unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert!(marker.exists(), "the fault never fired");
+    run_with_a_crash_between_completion_and_commit(&job);
     job.assert_exactly_once();
     assert_write_ahead_log_empty(&job);
 }
@@ -160,11 +164,7 @@ fn worker_kills_with_an_upsert_postgres_sink_leave_every_keys_final_row() {
     let pg = postgres::Server::start();
     let (events, keys) = (120_000u64, 97u64);
     let job = Job::counting(2, events, keys, 30_000, "150ms").output_to_postgres(&pg, "upsert", "key bigint PRIMARY KEY, seq bigint, value bigint, count bigint");
-    let mut child = job.spawn(&[]);
-    let kills = kill_workers_while_running(&job, &mut child, 4);
-    let out = wait_with_timeout(child, Duration::from_secs(180));
-    assert!(out.status.success(), "weir run failed:\n{}", stderr(&out));
-    assert!(kills >= 2, "only {kills} kills happened before the job ended");
+    run_with_worker_kills(&job);
     // A failure-free run leaves, per key, the version counted last: the
     // count of all its events. Which event came last depends on how the
     // source subtasks interleave, in any run, so only its key is checked.
