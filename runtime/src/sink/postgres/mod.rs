@@ -125,6 +125,12 @@ pub(crate) fn failed(context: impl Into<String>) -> impl FnOnce(tokio_postgres::
     move |e| Error::Postgres { context, code: e.code().map(|c| c.code().to_string()), message: message_of(&e) }
 }
 
+/// The prefix of every global id (prepared transaction, log entry) of job
+/// `job`: `weir:<job>:`, followed by `<run>:<subtask>:<checkpoint>`.
+pub(crate) fn job_prefix(job: &str) -> String {
+    format!("weir:{job}:")
+}
+
 /// `name` as a quoted identifier: case kept, quotes doubled.
 pub(crate) fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))

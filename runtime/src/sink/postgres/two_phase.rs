@@ -28,7 +28,7 @@ use arrow::datatypes::Schema;
 use tokio_postgres::{Client, Statement};
 use weir_api::PostgresSinkSpec;
 
-use super::{column_arrays, connect, failed, params, quote_literal, Table};
+use super::{column_arrays, connect, failed, job_prefix, params, quote_literal, Table};
 use crate::error::{Error, Result};
 use crate::sink::{PendingTransaction, SinkRestore, SinkState};
 
@@ -49,11 +49,6 @@ pub struct TwoPhaseCommit {
     open: bool,
     /// Prepared, waiting for their checkpoint to complete.
     pending: Vec<PendingTransaction>,
-}
-
-/// The prefix of every global transaction id of job `job`.
-fn job_prefix(job: &str) -> String {
-    format!("weir:{job}:")
 }
 
 impl TwoPhaseCommit {

@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use tokio_postgres::{Client, Statement};
 use weir_api::PostgresSinkSpec;
 
-use super::{column_arrays, connect, failed, params, quote_ident, Table};
+use super::{column_arrays, connect, failed, job_prefix, params, quote_ident, Table};
 use crate::checkpoint::{Location, StateFile};
 use crate::error::{Error, Result};
 use crate::sink::{SinkRestore, SinkState};
@@ -69,22 +69,23 @@ pub struct WriteAheadLog {
     pending: Vec<(LogEntry, Option<RecordBatch>)>,
 }
 
-fn job_prefix(job: &str) -> String {
-    format!("weir:{job}:")
-}
-
 impl WriteAheadLog {
     pub async fn open(spec: &PostgresSinkSpec, schema: &Schema, job: &str, subtask: u32, run_id: &str, log: Location, restore: SinkRestore<'_>) -> Result<Self> {
         let client = connect(spec, "writer").await?;
         let table = Table::check(&client, spec, schema).await?;
         let acks = ack_table(spec);
-        match client.batch_execute(&format!("CREATE TABLE IF NOT EXISTS {acks} (id text PRIMARY KEY, written_at timestamptz NOT NULL DEFAULT now())")).await {
-            Ok(()) => {}
-            // Another subtask created it at the same moment: `IF NOT EXISTS`
-            // does not cover that race (unique_violation on the catalog,
-            // or duplicate_table).
-            Err(e) if e.code().is_some_and(|c| c.code() == "23505" || c.code() == "42P07") => {}
-            Err(e) => return Err(failed(format!("postgres sink: creating the acknowledgement table {acks} (write-ahead-log mode needs it; grant CREATE on the schema or create it)"))(e)),
+        if let Err(e) = client.batch_execute(&format!("CREATE TABLE IF NOT EXISTS {acks} (id text PRIMARY KEY, written_at timestamptz NOT NULL DEFAULT now())")).await {
+            // `IF NOT EXISTS` does not cover another subtask creating it at
+            // the same moment (the catalog answers 23505, 42P07 or 42710):
+            // what counts is whether the table exists now.
+            let exists: Option<u32> = client
+                .query_one("SELECT to_regclass($1)::oid", &[&acks])
+                .await
+                .map_err(failed(format!("postgres sink: looking up the acknowledgement table {acks}")))?
+                .get(0);
+            if exists.is_none() {
+                return Err(failed(format!("postgres sink: creating the acknowledgement table {acks} (write-ahead-log mode needs it; grant CREATE on the schema or create it)"))(e));
+            }
         }
         let insert = client.prepare(&table.insert_from_arrays()).await.map_err(failed(format!("postgres sink: preparing the insert into {}", table.name)))?;
         let acknowledge = client
@@ -180,17 +181,18 @@ impl WriteAheadLog {
     }
 
     async fn read_entry(&self, entry: &LogEntry) -> Result<RecordBatch> {
-        match self.log.get(&entry.file.name).await? {
-            None => Err(Error::LostLogEntry { location: format!("{}/{}", self.log.display, entry.file.name), checkpoint: entry.checkpoint }),
-            Some(_) => {
-                let bytes = self.log.read_state_file(&entry.file).await?;
-                let batches = decode_state(&format!("{}/{}", self.log.display, entry.file.name), bytes.to_vec())?;
-                arrow::compute::concat_batches(&self.schema, &batches).map_err(|e| Error::BadCheckpoint {
-                    location: format!("{}/{}", self.log.display, entry.file.name),
-                    message: format!("the log entry does not have the records' schema: {e}"),
-                })
-            }
-        }
+        let location = format!("{}/{}", self.log.display, entry.file.name);
+        let bytes = match self.log.read_state_file(&entry.file).await {
+            Ok(b) => b,
+            // Only on failure: tell a lost entry from a damaged one.
+            Err(e) => match self.log.get(&entry.file.name).await? {
+                None => return Err(Error::LostLogEntry { location, checkpoint: entry.checkpoint }),
+                Some(_) => return Err(e),
+            },
+        };
+        let batches = decode_state(&location, bytes.to_vec())?;
+        arrow::compute::concat_batches(&self.schema, &batches)
+            .map_err(|e| Error::BadCheckpoint { location, message: format!("the log entry does not have the records' schema: {e}") })
     }
 }
 
