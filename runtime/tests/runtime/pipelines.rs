@@ -1,11 +1,9 @@
 //! Whole pipelines through `weir run`: the file source, SQL filter and
 //! select, string keys and running sums, and the stdout sink's guarantee.
 
-mod common;
-
 use std::collections::{BTreeMap, HashSet};
 
-use common::*;
+use crate::common::*;
 
 const ORDERS: &str = "name: orders
 parallelism: 2

@@ -2,11 +2,9 @@
 //! trees are killed with SIGKILL at random moments, and the committed output
 //! must equal what a failure-free run gives.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 fn worker_kills_keep_exactly_once(parallelism: u32) {
     let job = Job::counting(parallelism, 120_000, 97, 30_000, "150ms");

@@ -8,12 +8,10 @@
 //! password stop the job at once with a message that names what is wrong
 //! and never the password.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 const EVENT_COLUMNS: &str = "seq bigint, key bigint, value bigint, count bigint";
 

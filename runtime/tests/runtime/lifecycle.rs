@@ -53,8 +53,6 @@
 //! seed + k, so a failing sequence reruns alone with its own seed);
 //! `scripts/soak-lifecycle` runs many.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
@@ -62,12 +60,12 @@ use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-const REPRODUCE: &str = "cargo test --release --workspace --test lifecycle";
+const REPRODUCE: &str = "cargo test --release --workspace --test runtime lifecycle::";
 const MAX_PARALLELISM: u32 = 8;
 const JOB_DIR: &str = "state/eo-test";
 /// Bound on any run that should end by itself. Ten restarts with backoff (a

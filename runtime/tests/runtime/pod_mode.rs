@@ -4,13 +4,11 @@
 //! starting a new set with `--restore`. Each test uses its own 127.42.x.0/24
 //! addresses so that tests can run in parallel.
 
-mod common;
-
 use std::net::{IpAddr, SocketAddr};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use weir_api::control::{JobStatus, Membership, SavepointOutcome, SavepointState, CONTROL_PORT};
 
 const TOKEN: &str = "pod-mode-test-token";

@@ -1,9 +1,7 @@
 //! Bad input gets a clear error naming the file, field or setting, a non-zero
 //! exit, and leaves the state directory and the output untouched.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 fn run_pipeline(yaml: &str, extra: &[&str]) -> (tempfile::TempDir, std::process::Output) {
     let dir = tempfile::tempdir().unwrap();

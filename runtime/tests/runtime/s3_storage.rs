@@ -4,11 +4,9 @@
 //! and bad storage (a missing bucket, wrong credentials) fails at once with
 //! a message that names the location and never a secret.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 fn bucket() -> minio::Bucket {
     minio::Server::start().bucket("weir")

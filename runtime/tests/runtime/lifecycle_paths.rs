@@ -4,12 +4,10 @@
 //! found on these paths (issue 9); the randomized lifecycle test walks them
 //! in random combinations.
 
-mod common;
-
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 /// Waits until `weir status` shows a completed checkpoint (or a savepoint works).
 fn status_json(job: &Job) -> Option<serde_json::Value> {

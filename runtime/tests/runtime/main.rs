@@ -1,0 +1,17 @@
+//! The runtime's end-to-end tests, one module per theme, linked into one test
+//! binary: each separate binary would compile `common` again and link
+//! DataFusion again, which cost minutes of every cold build for nothing.
+//!
+//! Run one theme with `cargo test --release --workspace --test runtime <module>::`,
+//! for example `--test runtime postgres_sink::`.
+
+mod common;
+
+mod bad_input;
+mod exactly_once;
+mod lifecycle;
+mod lifecycle_paths;
+mod pipelines;
+mod pod_mode;
+mod postgres_sink;
+mod s3_storage;
