@@ -13,6 +13,7 @@
 //! `weir-bench sinks` the exactly-once sinks (see `sinks.rs`).
 
 mod operator;
+mod kafka;
 mod sinks;
 mod storage;
 
@@ -207,7 +208,7 @@ fn main() -> Result<()> {
             "recovery" => mode_recovery = true,
             "--interval" => interval = args.next().context("--interval DURATION")?,
             "-h" | "--help" => {
-                println!("weir-bench: throughput of generator -> key_by -> running_count -> blackhole\nweir-bench recovery: time from a worker kill to the restored run's first completed checkpoint\nweir-bench operator: the operator's memory and reconcile latency with many StreamJobs (see weir-bench operator --help)\nweir-bench storage: checkpoints to local disk vs. S3 (MinIO), side by side (see weir-bench storage --help)\nweir-bench sinks: the exactly-once sinks side by side: file, PostgreSQL in each mode (see weir-bench sinks --help)\n\nOptions:\n  --interval D     checkpoint interval for `recovery` (default 500ms); --rounds is the number of kills\n  --events N       events per run (default 20000000)\n  --rounds R       runs per configuration; medians are reported (default 3)\n  --batch-size N   generator batch size (default 1024)\n  --weir PATH      the weir binary (default: $CARGO_TARGET_DIR/release/weir)");
+                println!("weir-bench: throughput of generator -> key_by -> running_count -> blackhole\nweir-bench recovery: time from a worker kill to the restored run's first completed checkpoint\nweir-bench operator: the operator's memory and reconcile latency with many StreamJobs (see weir-bench operator --help)\nweir-bench storage: checkpoints to local disk vs. S3 (MinIO), side by side (see weir-bench storage --help)\nweir-bench sinks: the exactly-once sinks side by side: file, PostgreSQL in each mode, Kafka (see weir-bench sinks --help)\n\nOptions:\n  --interval D     checkpoint interval for `recovery` (default 500ms); --rounds is the number of kills\n  --events N       events per run (default 20000000)\n  --rounds R       runs per configuration; medians are reported (default 3)\n  --batch-size N   generator batch size (default 1024)\n  --weir PATH      the weir binary (default: $CARGO_TARGET_DIR/release/weir)");
                 return Ok(());
             }
             other => bail!("unknown argument {other}; see --help"),

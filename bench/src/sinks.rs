@@ -1,10 +1,11 @@
-//! The exactly-once sinks side by side: the file sink on local disk and the
-//! PostgreSQL sink in each of its modes, on the same pipeline, interleaved
-//! round by round so that machine noise hits them alike.
+//! The exactly-once sinks side by side: the file sink on local disk, the
+//! PostgreSQL sink in each of its modes and the Kafka sink (exactly-once,
+//! and at-least-once for the price of exactly-once), on the same pipeline,
+//! interleaved round by round so that machine noise hits them alike.
 //!
 //! A throwaway PostgreSQL (Debian's binaries, `initdb` in a temporary
-//! directory, run as nobody when the bench runs as root) is started for
-//! the run and removed after it.
+//! directory, run as nobody when the bench runs as root) and a Kafka broker
+//! (`e2e/kafka/broker`) are started for the run and removed after it.
 //!
 //! Usage: weir-bench sinks [--events N] [--keys K] [--rounds R]
 
@@ -30,7 +31,7 @@ pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Options>> 
             "--rounds" => o.rounds = num("--rounds")? as usize,
             "-h" | "--help" => {
                 println!(
-                    "weir-bench sinks: the exactly-once sinks side by side (file on local disk; PostgreSQL two-phase-commit, write-ahead-log, upsert)\n\nOptions:\n  --events N    events per run (default 2000000)\n  --keys K      distinct keys (default 10000; the upsert table's rows)\n  --rounds R    runs per sink (default 3); medians are reported"
+                    "weir-bench sinks: the exactly-once sinks side by side (file on local disk; PostgreSQL two-phase-commit, write-ahead-log, upsert; Kafka exactly-once and at-least-once)\n\nOptions:\n  --events N    events per run (default 2000000)\n  --keys K      distinct keys (default 10000; the upsert table's rows)\n  --rounds R    runs per sink (default 3); medians are reported"
                 );
                 return Ok(None);
             }
@@ -138,21 +139,26 @@ struct Sample {
     checkpoints: u64,
 }
 
-const SINKS: [&str; 4] = ["file (local disk)", "postgres two-phase-commit", "postgres write-ahead-log", "postgres upsert"];
+const SINKS: [&str; 6] = ["file (local disk)", "postgres two-phase-commit", "postgres write-ahead-log", "postgres upsert", "kafka exactly-once", "kafka at-least-once"];
 
-fn run_once(weir: &PathBuf, o: &Options, pg: &Postgres, which: usize, round: usize) -> Result<Sample> {
+fn run_once(weir: &PathBuf, o: &Options, pg: &Postgres, broker: &super::kafka::Broker, which: usize, round: usize) -> Result<Sample> {
     let dir = super::tempfile_dir()?;
     let table = format!("t{which}_{round}");
     let columns = if which == 3 { "key bigint PRIMARY KEY, seq bigint, value bigint, count bigint" } else { "seq bigint, key bigint, value bigint, count bigint" };
-    if which > 0 {
+    if (1..=3).contains(&which) {
         pg.psql("bench", &format!("CREATE TABLE {table} ({columns})"))?;
+    }
+    if which >= 4 {
+        broker.create_topic(&table, 2)?;
     }
     let connection = format!("host=127.0.0.1 port={} dbname=bench user=weir", pg.port);
     let sink = match which {
         0 => "file:\n    path: out\n    guarantee: exactly-once".to_string(),
         1 => format!("postgres:\n    connection: {connection}\n    table: {table}\n    mode: two-phase-commit"),
         2 => format!("postgres:\n    connection: {connection}\n    table: {table}\n    mode: write-ahead-log"),
-        _ => format!("postgres:\n    connection: {connection}\n    table: {table}\n    mode: upsert\n    key: [key]"),
+        3 => format!("postgres:\n    connection: {connection}\n    table: {table}\n    mode: upsert\n    key: [key]"),
+        4 => format!("kafka:\n    bootstrap_servers: {}\n    topic: {table}\n    key: key\n    progress_topic: {table}-progress", broker.bootstrap),
+        _ => format!("kafka:\n    bootstrap_servers: {}\n    topic: {table}\n    key: key\n    guarantee: at-least-once", broker.bootstrap),
     };
     let yaml = format!(
         "name: sinks\nparallelism: 2\ncheckpoint:\n  interval: 1s\nsource:\n  generator:\n    events: {}\n    keys: {}\n    rate: 0\n    batch_size: 1024\nsteps:\n  - key_by: key\n  - running_count: count\nsink:\n  {sink}\n",
@@ -173,7 +179,12 @@ fn run_once(weir: &PathBuf, o: &Options, pg: &Postgres, which: usize, round: usi
         bail!("weir run with the {} sink failed: {}", SINKS[which], String::from_utf8_lossy(&out.stderr));
     }
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).context("reading the run summary")?;
-    if which > 0 {
+    if which >= 4 {
+        let read = broker.count_committed(&table)?;
+        if read != o.events {
+            bail!("a read_committed consumer read {read} messages from the {} sink, expected {}", SINKS[which], o.events);
+        }
+    } else if which > 0 {
         let rows: u64 = pg.psql("bench", &format!("SELECT count(*) FROM {table}"))?.parse()?;
         let expected = if which == 3 { o.keys.min(o.events) } else { o.events };
         if rows != expected {
@@ -187,14 +198,15 @@ fn run_once(weir: &PathBuf, o: &Options, pg: &Postgres, which: usize, round: usi
 pub fn run(o: &Options) -> Result<()> {
     let weir = super::weir_binary(None)?;
     let pg = start_postgres()?;
+    let broker = super::kafka::start(pg.port + 1)?;
     let mut samples: Vec<Vec<Sample>> = (0..SINKS.len()).map(|_| Vec::new()).collect();
     for round in 0..o.rounds {
         for (i, name) in SINKS.iter().enumerate() {
             eprintln!("round {}/{}: {name} ...", round + 1, o.rounds);
-            samples[i].push(run_once(&weir, o, &pg, i, round)?);
+            samples[i].push(run_once(&weir, o, &pg, &broker, i, round)?);
         }
     }
-    println!("events per run: {}, keys: {}, parallelism 2, checkpoints every 1s to local disk, rounds: {}; PostgreSQL {} with durable commits on the same machine", o.events, o.keys, o.rounds, pg.psql("bench", "SHOW server_version")?);
+    println!("events per run: {}, keys: {}, parallelism 2, checkpoints every 1s to local disk, rounds: {}; PostgreSQL {} with durable commits and a one-node Kafka 4.4 broker (topics of 2 partitions) on the same machine", o.events, o.keys, o.rounds, pg.psql("bench", "SHOW server_version")?);
     println!("| sink | records/s (wall, median) | checkpoints | throughput vs. file |");
     println!("|---|---|---|---|");
     let mut base = 0.0;

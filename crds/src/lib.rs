@@ -15,6 +15,6 @@ pub mod pipeline;
 pub mod streamjob;
 
 pub use pipeline::{
-    BadLines, CheckpointMode, CheckpointSpec, FileSinkSpec, FileSourceSpec, GeneratorSpec, Guarantee,
-    PipelineError, PipelineSpec, PostgresMode, PostgresSinkSpec, SinkSpec, SourceSpec, Step, StepKind,
+    BadLines, BadMessages, CheckpointMode, CheckpointSpec, FileSinkSpec, FileSourceSpec, GeneratorSpec, Guarantee,
+    KafkaSinkSpec, KafkaSourceSpec, PipelineError, PipelineSpec, PostgresMode, PostgresSinkSpec, SinkSpec, SourceSpec, Step, StepKind,
 };

@@ -102,6 +102,11 @@ pub enum Error {
     #[error("{context}: {message}{}", code.as_ref().map(|c| format!(" (SQLSTATE {c})")).unwrap_or_default())]
     Postgres { context: String, code: Option<String>, message: String },
 
+    /// A Kafka client failed or was refused; `fatal` when a restart would
+    /// meet the same (a missing topic, a bad message under `fail`).
+    #[error("{context}: {message}")]
+    Kafka { context: String, message: String, fatal: bool },
+
     /// A newer run of the job has claimed its state: this run is superseded
     /// (its node was cut off, its processes frozen, or another `weir run`
     /// took over) and must not complete a checkpoint or commit output.
@@ -154,6 +159,7 @@ impl Error {
             // privilege or password) it refuses again after a restart; a
             // lost connection, a deadlock or a server shutting down is
             // worth one.
+            Error::Kafka { fatal, .. } => *fatal,
             Error::Postgres { code: Some(code), .. } => matches!(&code[..2.min(code.len())], "22" | "23" | "28" | "42"),
             Error::Storage { .. }
             | Error::Output { .. }

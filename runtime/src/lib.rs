@@ -8,6 +8,7 @@ pub mod error;
 pub mod exchange;
 pub mod expr;
 pub mod fault;
+pub mod kafka;
 pub mod key_group;
 pub mod local;
 pub mod operator;

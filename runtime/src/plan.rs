@@ -111,8 +111,8 @@ pub fn source_schema(spec: &SourceSpec) -> SchemaRef {
             Field::new("key", DataType::Int64, false),
             Field::new("value", DataType::Int64, false),
         ])),
-        SourceSpec::File(f) => Arc::new(Schema::new(
-            f.schema
+        SourceSpec::File(weir_api::FileSourceSpec { schema, .. }) | SourceSpec::Kafka(weir_api::KafkaSourceSpec { schema, .. }) => Arc::new(Schema::new(
+            schema
                 .0
                 .iter()
                 .map(|(name, ty)| {

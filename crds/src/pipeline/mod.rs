@@ -8,6 +8,7 @@
 //! with the same location information.
 
 mod duration;
+pub mod kafka;
 mod locate;
 mod postgres_sink;
 mod sink;
@@ -19,6 +20,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 pub use duration::HumanDuration;
+pub use kafka::{BadMessages, Isolation, KafkaSinkSpec, KafkaSourceSpec, StartPosition, StopPosition};
 pub use postgres_sink::{PostgresMode, PostgresSinkSpec};
 pub use sink::{FileFormat, FileSinkSpec, Guarantee, SinkSpec};
 pub use source::{BadLines, FieldType, FileSourceSpec, GeneratorSpec, SourceSpec};
@@ -235,6 +237,9 @@ impl PipelineSpec {
         }
         self.source.validate(src)?;
         self.sink.validate(src)?;
+        if let SinkSpec::Kafka(k) = &self.sink {
+            k.validate(src, self.checkpoint.interval, self.checkpoint.timeout)?;
+        }
         step::validate_steps(&self.steps, src)?;
         Ok(())
     }

@@ -13,6 +13,9 @@ pub enum SinkSpec {
     /// Rows of a PostgreSQL table; exactly-once by two-phase commit,
     /// through a write-ahead log, or by upserts on a key.
     Postgres(PostgresSinkSpec),
+    /// Messages of a Kafka topic; exactly-once by Kafka transactions
+    /// committed when a checkpoint completes, or at-least-once.
+    Kafka(super::kafka::KafkaSinkSpec),
     /// Lines on standard output; records may repeat after a failure.
     Stdout(StdoutSinkSpec),
     /// Drops every record (for benchmarks).
@@ -114,6 +117,7 @@ impl SinkSpec {
             SinkSpec::Postgres(p) => match p.mode {
                 PostgresMode::TwoPhaseCommit | PostgresMode::WriteAheadLog | PostgresMode::Upsert => Guarantee::ExactlyOnce,
             },
+            SinkSpec::Kafka(k) => k.guarantee,
             SinkSpec::Stdout(_) => Guarantee::AtLeastOnce,
             // Nothing reaches an external system, so nothing can be duplicated.
             SinkSpec::Blackhole(_) => Guarantee::ExactlyOnce,

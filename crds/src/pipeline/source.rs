@@ -14,6 +14,8 @@ pub enum SourceSpec {
     /// JSON lines from a file or from every file of a directory, decoded strictly:
     /// one JSON object per line, only the schema's fields, each of its type.
     File(FileSourceSpec),
+    /// JSON objects in the messages of a Kafka topic, offsets kept in checkpoints.
+    Kafka(super::kafka::KafkaSourceSpec),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -93,7 +95,7 @@ impl SourceSpec {
     /// Whether the source can re-read records from a position kept in a checkpoint.
     pub fn replayable(&self) -> bool {
         match self {
-            SourceSpec::Generator(_) | SourceSpec::File(_) => true,
+            SourceSpec::Generator(_) | SourceSpec::File(_) | SourceSpec::Kafka(_) => true,
         }
     }
 
@@ -121,6 +123,7 @@ impl SourceSpec {
                     return Err(src.invalid("source.file.batch_size", "expected at least 1"));
                 }
             }
+            SourceSpec::Kafka(k) => k.validate(src)?,
         }
         Ok(())
     }

@@ -139,6 +139,7 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
         guarantee,
         match &spec.sink {
             weir_api::SinkSpec::Stdout(_) => " (the stdout sink may repeat records after a failure)",
+            weir_api::SinkSpec::Kafka(k) if k.guarantee == weir_api::Guarantee::AtLeastOnce => " (the kafka sink may repeat records after a failure)",
             _ => "",
         }
     );

@@ -11,12 +11,18 @@
 //! barrier, copied to their final names at commit). Both keep what is pending in the same [`SinkState`], so a
 //! checkpoint does not care which one wrote it.
 //!
+//! The Kafka sink (`kafka/`) is exactly-once by Kafka transactions, with
+//! each interval's records also logged in checkpoint storage so that a
+//! transaction that never committed is written again on restore; or
+//! at-least-once.
+//!
 //! The PostgreSQL sink (`postgres/`) is exactly-once by two-phase commit
 //! (prepared transactions pending in the same [`SinkState`]), through a
 //! write-ahead log (log entries in checkpoint storage, pending in the same
 //! state), or by upserts on a key (no state).
 
 mod file;
+mod kafka;
 mod postgres;
 mod s3_file;
 
@@ -28,13 +34,14 @@ use arrow::array::RecordBatch;
 use arrow::datatypes::Schema;
 use arrow::json::LineDelimitedWriter;
 use serde::{Deserialize, Serialize};
-use weir_api::{PostgresMode, SinkSpec};
+use weir_api::{Guarantee, PostgresMode, SinkSpec};
 
 use crate::checkpoint::CheckpointStorage;
 
 use crate::error::{Error, Result};
 
 pub use file::{FileSink, PendingFile};
+pub use kafka::KafkaLogEntry;
 pub use postgres::LogEntry;
 pub use s3_file::S3FileSink;
 
@@ -57,6 +64,12 @@ pub struct SinkState {
     /// The PostgreSQL sink's write-ahead log entries.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub log: Vec<LogEntry>,
+    /// The Kafka sink's prepared transactions and their log entries.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kafka: Vec<KafkaLogEntry>,
+    /// The Kafka sink's transactional ids: a restore fences them all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub transactional_ids: Vec<String>,
 }
 
 impl SinkState {
@@ -69,6 +82,7 @@ impl SinkState {
             .map(|p| p.temp)
             .chain(self.transactions.into_iter().map(|t| t.gid))
             .chain(self.log.into_iter().flat_map(|e| [e.file.name, e.id]))
+            .chain(self.kafka.into_iter().map(|e| e.file.name))
     }
 }
 
@@ -86,6 +100,8 @@ pub enum SinkWriter {
     PostgresTwoPhase(postgres::TwoPhaseCommit),
     PostgresUpsert(postgres::Upsert),
     PostgresWriteAhead(postgres::WriteAheadLog),
+    KafkaExactlyOnce(kafka::Transactional),
+    KafkaAtLeastOnce(kafka::AtLeastOnce),
     Stdout,
     Blackhole,
 }
@@ -111,6 +127,7 @@ pub async fn clean_up_after_finish(spec: &SinkSpec, job: &str, run_id: &str, kee
         SinkSpec::File(f) => file::discard_unreferenced(&base_dir.join(&f.path), job, run_id, keep),
         SinkSpec::Postgres(p) if p.mode == PostgresMode::TwoPhaseCommit => postgres::discard_unreferenced(p, job, run_id, keep).await,
         SinkSpec::Postgres(p) if p.mode == PostgresMode::WriteAheadLog => postgres::discard_after_finish(p, &storage.dir(LOG_DIR), job, run_id, keep).await,
+        SinkSpec::Kafka(k) if k.guarantee == Guarantee::ExactlyOnce => kafka::discard_after_finish(&storage.dir(LOG_DIR), run_id, keep).await,
         _ => Ok(()),
     }
 }
@@ -136,6 +153,10 @@ impl SinkWriter {
                     SinkWriter::PostgresWriteAhead(postgres::WriteAheadLog::open(p, schema, job, subtask, run_id, storage.dir(LOG_DIR), restore).await?)
                 }
             },
+            SinkSpec::Kafka(k) if k.guarantee == Guarantee::ExactlyOnce => {
+                SinkWriter::KafkaExactlyOnce(kafka::Transactional::open(k, schema, job, subtask, run_id, storage.dir(LOG_DIR), restore).await?)
+            }
+            SinkSpec::Kafka(k) => SinkWriter::KafkaAtLeastOnce(kafka::AtLeastOnce::open(k, schema, job, subtask).await?),
             SinkSpec::File(f) if f.is_s3() => SinkWriter::S3File(S3FileSink::open(f, job, subtask, run_id, restore).await?),
             SinkSpec::File(f) => SinkWriter::File(FileSink::open(f, job, subtask, run_id, restore, base_dir)?),
             SinkSpec::Stdout(_) => SinkWriter::Stdout,
@@ -153,6 +174,8 @@ impl SinkWriter {
                 p.write(batch);
                 Ok(())
             }
+            SinkWriter::KafkaExactlyOnce(k) => k.write(batch).await,
+            SinkWriter::KafkaAtLeastOnce(k) => k.write(batch).await,
             SinkWriter::Stdout => {
                 let lines = encode_jsonl(batch).map_err(Error::arrow("stdout sink"))?;
                 std::io::stdout().lock().write_all(&lines).map_err(Error::io("stdout sink"))
@@ -170,6 +193,8 @@ impl SinkWriter {
             // Every upsert committed when it was written.
             SinkWriter::PostgresUpsert(_) => Ok(None),
             SinkWriter::PostgresWriteAhead(p) => p.pre_commit(checkpoint_id).await.map(Some),
+            SinkWriter::KafkaExactlyOnce(k) => k.pre_commit(checkpoint_id).await.map(Some),
+            SinkWriter::KafkaAtLeastOnce(k) => k.pre_commit().map(|()| None),
             SinkWriter::Stdout => {
                 std::io::stdout().flush().map_err(Error::io("stdout sink"))?;
                 Ok(None)
@@ -185,6 +210,7 @@ impl SinkWriter {
             SinkWriter::S3File(f) => f.commit(checkpoint_id).await,
             SinkWriter::PostgresTwoPhase(p) => p.commit(checkpoint_id).await,
             SinkWriter::PostgresWriteAhead(p) => p.commit(checkpoint_id).await,
+            SinkWriter::KafkaExactlyOnce(k) => k.commit(checkpoint_id).await,
             _ => Ok(()),
         }
     }

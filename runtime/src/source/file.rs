@@ -378,6 +378,7 @@ impl FileReader {
             splits: self.splits.iter().map(|s| (s.id.clone(), s.offset)).collect(),
             // A split not yet read has nothing to check.
             files: self.splits.iter().filter(|s| s.offset > 0).map(|s| (s.id.clone(), s.mark())).collect(),
+            skipped: Default::default(),
         }
     }
 }

@@ -123,7 +123,7 @@ impl GeneratorReader {
     pub fn positions(&self) -> SourcePositions {
         SourcePositions {
             splits: self.splits.iter().map(|s| (format!("generator-{}", s.index), s.emitted)).collect(),
-            files: Default::default(),
+            ..Default::default()
         }
     }
 }

@@ -10,6 +10,7 @@
 mod file;
 mod generator;
 mod json;
+mod kafka;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -34,11 +35,16 @@ pub struct SourcePositions {
     /// before it existed (and for generators), which restore without checks.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub files: BTreeMap<String, FileMark>,
+    /// For Kafka partitions: bad messages left out before the position, so
+    /// that `records_skipped` survives restores.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub skipped: BTreeMap<String, u64>,
 }
 
 pub enum SourceReader {
     Generator(GeneratorReader),
     File(FileReader),
+    Kafka(kafka::KafkaReader),
 }
 
 /// What to do next.
@@ -70,10 +76,17 @@ impl SourceReader {
                 }
             }
             positions.files.extend(r.files.iter().map(|(k, v)| (k.clone(), *v)));
+            positions.skipped.extend(r.skipped.iter().map(|(k, v)| (k.clone(), *v)));
         }
         Ok(match spec {
             SourceSpec::Generator(g) => SourceReader::Generator(GeneratorReader::new(g, schema, subtask, parallelism, max_parallelism, &positions.splits)?),
             SourceSpec::File(f) => SourceReader::File(FileReader::new(f, schema, subtask, parallelism, &positions, base_dir)?),
+            // A first start (nothing restored) applies `start`; a restore
+            // starts partitions its checkpoint lacks at their beginning.
+            SourceSpec::Kafka(k) => {
+                let restored = (!restored.is_empty()).then_some(&positions);
+                SourceReader::Kafka(kafka::KafkaReader::new(k, schema, subtask, parallelism, restored)?)
+            }
         })
     }
 
@@ -81,6 +94,7 @@ impl SourceReader {
         match self {
             SourceReader::Generator(g) => Ok(g.poll()),
             SourceReader::File(f) => f.poll(),
+            SourceReader::Kafka(k) => k.poll(),
         }
     }
 
@@ -91,13 +105,17 @@ impl SourceReader {
         match self {
             SourceReader::Generator(_) => 0,
             SourceReader::File(f) => f.take_skipped(),
+            SourceReader::Kafka(k) => k.take_skipped(),
         }
     }
 
-    pub fn positions(&self) -> SourcePositions {
+    /// The positions a checkpoint keeps; a source that copies records
+    /// elsewhere (Kafka's dead-letter topic) makes the copies durable first.
+    pub fn positions(&self) -> Result<SourcePositions> {
         match self {
-            SourceReader::Generator(g) => g.positions(),
-            SourceReader::File(f) => f.positions(),
+            SourceReader::Generator(g) => Ok(g.positions()),
+            SourceReader::File(f) => Ok(f.positions()),
+            SourceReader::Kafka(k) => k.positions(),
         }
     }
 }
@@ -115,7 +133,7 @@ mod tests {
 
     #[test]
     fn generator_positions_are_written_as_before() {
-        let p = SourcePositions { splits: [("generator-0".to_string(), 5)].into(), files: BTreeMap::new() };
+        let p = SourcePositions { splits: [("generator-0".to_string(), 5)].into(), ..Default::default() };
         assert_eq!(serde_json::to_string(&p).unwrap(), r#"{"splits":{"generator-0":5}}"#);
     }
 }

@@ -218,7 +218,7 @@ impl Subtask {
     async fn on_barrier(&mut self, barrier: Barrier) -> Result<()> {
         let mut inline: Vec<(String, OperatorSubtaskState)> = Vec::new();
         if let Input::Source { reader, .. } = &self.input {
-            let positions = serde_json::to_value(reader.positions()).map_err(|e| Error::Job(e.to_string()))?;
+            let positions = serde_json::to_value(reader.positions()?).map_err(|e| Error::Job(e.to_string()))?;
             inline.push((SOURCE_ID.into(), OperatorSubtaskState { subtask: self.index, inline: Some(positions), file: None }));
         }
         // The synchronous part: copies of keyed state.

@@ -9,6 +9,7 @@ mod common;
 
 mod bad_input;
 mod exactly_once;
+mod kafka;
 mod lifecycle;
 mod lifecycle_paths;
 mod pipelines;

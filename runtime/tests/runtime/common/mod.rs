@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod kafka;
 pub mod minio;
 pub mod postgres;
 
@@ -31,6 +32,8 @@ pub struct Job {
     /// The sink's table when it writes to PostgreSQL (see
     /// [`Job::output_to_postgres`]): the server's port and the table.
     pub pg_output: Option<(u16, String)>,
+    /// The sink's topic when it writes to Kafka (see [`Job::output_to_kafka`]).
+    pub kafka_output: Option<String>,
 }
 
 impl Job {
@@ -45,7 +48,7 @@ impl Job {
     /// A job of any pipeline named `eo-test` whose sink writes to `out/eo`
     /// (what `worker_pids` and `committed_lines` expect).
     pub fn with_pipeline(yaml: &str, events: u64, keys: u64) -> Job {
-        let job = Job { dir: tempfile::tempdir().unwrap(), events, keys, state: "state".into(), env: Vec::new(), s3: None, s3_output: None, pg_output: None };
+        let job = Job { dir: tempfile::tempdir().unwrap(), events, keys, state: "state".into(), env: Vec::new(), s3: None, s3_output: None, pg_output: None, kafka_output: None };
         job.write_pipeline(yaml);
         job
     }
@@ -86,6 +89,40 @@ impl Job {
         self.write_pipeline(&yaml.replace(file_sink, &format!("sink:\n  postgres:\n    connection: {}\n    table: {table}\n    mode: {mode}{key}\n", server.connection())));
         self.env.extend(server.env());
         self.pg_output = Some((server.port, table));
+        self
+    }
+
+    /// Writes the sink's output to a new topic of the test broker (three
+    /// partitions, keyed by `key`) instead of `out/eo`, with `guarantee`.
+    pub fn output_to_kafka(mut self, guarantee: &str) -> Job {
+        let topic = kafka::topic("eo-out");
+        kafka::create_topic(&topic, 3);
+        let yaml = std::fs::read_to_string(self.path("pipeline.yaml")).unwrap();
+        let file_sink = "sink:\n  file:\n    path: out/eo\n    format: jsonl\n    guarantee: exactly-once\n";
+        assert!(yaml.contains(file_sink), "the pipeline's sink is not the file sink of out/eo");
+        let sink = format!("sink:\n  kafka:\n    bootstrap_servers: {}\n    topic: {topic}\n    key: key\n    guarantee: {guarantee}\n    progress_topic: {topic}-progress\n", kafka::bootstrap());
+        self.write_pipeline(&yaml.replace(file_sink, &sink));
+        self.kafka_output = Some(topic);
+        self
+    }
+
+    /// Reads the events from a new topic of the test broker with
+    /// `partitions` partitions, filled with the generator's events before
+    /// the job starts, instead of from the generator, at most `rate`
+    /// messages per second (0: unlimited); the source stops at the end of
+    /// every partition.
+    pub fn input_from_kafka(self, partitions: i32, rate: u64) -> Job {
+        let topic = kafka::topic("eo-in");
+        kafka::create_topic(&topic, partitions);
+        kafka::produce_events(&topic, self.events, self.keys, partitions);
+        let yaml = std::fs::read_to_string(self.path("pipeline.yaml")).unwrap();
+        let start = yaml.find("source:\n  generator:\n").expect("the pipeline reads the generator");
+        let end = start + yaml[start..].find("steps:").expect("steps follow the source");
+        let source = format!(
+            "source:\n  kafka:\n    bootstrap_servers: {}\n    topic: {topic}\n    schema: {{seq: int64, key: int64, value: int64}}\n    stop: end\n    batch_size: 256\n    rate: {rate}\n",
+            kafka::bootstrap()
+        );
+        self.write_pipeline(&format!("{}{source}{}", &yaml[..start], &yaml[end..]));
         self
     }
 
@@ -185,6 +222,9 @@ impl Job {
     pub fn committed_lines(&self) -> Vec<serde_json::Value> {
         if let Some((port, table)) = &self.pg_output {
             return postgres::rows_at(*port, table);
+        }
+        if let Some(topic) = &self.kafka_output {
+            return kafka::committed_records(topic);
         }
         let mut out = Vec::new();
         if let Some((bucket, _)) = &self.s3_output {

@@ -1,0 +1,93 @@
+//! A Kafka broker for `weir-bench sinks` (the project's `e2e/kafka/broker`,
+//! Apache Kafka in KRaft mode), topics, and the read-back count that checks
+//! a run delivered every record once.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+pub struct Broker {
+    dir: PathBuf,
+    script: PathBuf,
+    pub bootstrap: String,
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = Command::new(&self.script).arg("stop").arg("--dir").arg(&self.dir).status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub fn start(port: u16) -> Result<Broker> {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../e2e/kafka/broker");
+    let dir = super::tempfile_dir()?;
+    let out = Command::new(&script)
+        .arg("start")
+        .arg("--dir")
+        .arg(&dir)
+        .args(["--port", &port.to_string(), "--controller-port", &(port + 1).to_string()])
+        .output()
+        .context("running e2e/kafka/broker")?;
+    let broker = Broker { dir, script, bootstrap: format!("127.0.0.1:{port}") };
+    if !out.status.success() {
+        bail!("e2e/kafka/broker start failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(broker)
+}
+
+impl Broker {
+    fn config(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.bootstrap);
+        c
+    }
+
+    pub fn create_topic(&self, name: &str, partitions: i32) -> Result<()> {
+        let admin: AdminClient<DefaultClientContext> = self.config().create()?;
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build()?;
+        for r in rt.block_on(admin.create_topics([&NewTopic::new(name, partitions, TopicReplication::Fixed(1))], &AdminOptions::new()))? {
+            r.map_err(|(t, e)| anyhow::anyhow!("creating topic {t}: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Messages a read_committed consumer reads from `topic`, start to end.
+    pub fn count_committed(&self, topic: &str) -> Result<u64> {
+        let consumer: BaseConsumer = self
+            .config()
+            .set("isolation.level", "read_committed")
+            .set("enable.partition.eof", "true")
+            .set("group.id", "weir-bench")
+            .create()?;
+        let partitions = consumer.fetch_metadata(Some(topic), Duration::from_secs(30))?.topics()[0].partitions().len() as i32;
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..partitions {
+            tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+        }
+        consumer.assign(&tpl)?;
+        let (mut ended, mut n) = (std::collections::HashSet::new(), 0u64);
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while ended.len() < partitions as usize {
+            if Instant::now() > deadline {
+                bail!("reading {topic} back did not reach its end");
+            }
+            match consumer.poll(Duration::from_millis(200)) {
+                None => {}
+                Some(Err(KafkaError::PartitionEOF(p))) => {
+                    ended.insert(p);
+                }
+                Some(Err(e)) => bail!("reading {topic} back: {e}"),
+                Some(Ok(_)) => n += 1,
+            }
+        }
+        Ok(n)
+    }
+}

@@ -1,0 +1,374 @@
+//! Exactly-once into Kafka by transactions, including the window other
+//! engines leave open: a crash after a checkpoint completed but before (or
+//! while) its transaction commits.
+//!
+//! Each subtask writes an interval's records in one transaction on one of a
+//! few producers whose `transactional.id`s are `weir-<job>-<subtask>-<slot>`
+//! (a new run uses the same ids, so starting it fences the old run's
+//! producers and aborts their open transactions). At the barrier the sink
+//! adds a *progress marker* to the transaction (a message in the progress
+//! topic keyed by the entry's id, `weir:<job>:<run>:<subtask>:<checkpoint>`),
+//! flushes, and writes the interval's records to checkpoint storage as a
+//! log entry, which is the sink's checkpointed state. When the checkpoint
+//! completes the transaction commits, and the log file is deleted.
+//!
+//! librdkafka cannot finish another process's transaction, so a restore
+//! settles each entry of the restored checkpoint like this:
+//! 1. it initializes the old producers' transactional ids, which makes the
+//!    brokers finish what the old producers left: a commit already requested
+//!    completes, anything else is aborted. Every old transaction is now
+//!    committed or aborted for good;
+//! 2. it commits a probe message to the progress topic, then reads the topic
+//!    `read_committed` from the entries' markers up to the probe: an entry
+//!    whose marker is there was committed;
+//! 3. every other entry's records are read back from its log file and
+//!    written again in one transaction with a marker of the same id, so a
+//!    crash during this step is settled the same way by the next restore.
+//!
+//! The records are thus written twice (to Kafka and to the log), the price
+//! of closing that window; the log file lives until its transaction commits.
+
+use std::collections::{BTreeSet, HashSet};
+use std::time::{Duration, Instant};
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::{Schema, SchemaRef};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::{Message, Offset, TopicPartitionList};
+use serde::{Deserialize, Serialize};
+use weir_api::KafkaSinkSpec;
+
+use super::{check_topic, flush, key_index, producer, send_batch};
+use crate::checkpoint::{Location, StateFile};
+use crate::error::{Error, Result};
+use crate::kafka::{self, Deliveries, REQUEST_TIMEOUT};
+use crate::sink::{SinkRestore, SinkState};
+use crate::worker::restore::{decode_state, encode_state};
+
+/// Producers a subtask starts with; more are made only while every one has
+/// a transaction waiting for its checkpoint.
+const INITIAL_SLOTS: usize = 2;
+
+/// A transaction waiting for its checkpoint to complete, as a checkpoint keeps it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct KafkaLogEntry {
+    pub checkpoint: u64,
+    /// `weir:<job>:<run>:<subtask>:<checkpoint>`: its progress marker's key.
+    pub id: String,
+    /// The producer whose transaction holds the records.
+    pub transactional_id: String,
+    /// The marker's offset in partition 0 of the progress topic.
+    pub marker_offset: i64,
+    /// The interval's records in the job's `wal` directory.
+    pub file: StateFile,
+}
+
+struct Slot {
+    transactional_id: String,
+    producer: ThreadedProducer<Deliveries>,
+}
+
+pub struct Transactional {
+    spec: KafkaSinkSpec,
+    key: Option<usize>,
+    schema: SchemaRef,
+    log: Location,
+    job: String,
+    subtask: u32,
+    run_id: String,
+    slots: Vec<Slot>,
+    free: Vec<usize>,
+    /// The slot whose transaction takes this interval's records.
+    current: Option<usize>,
+    /// Records since the last barrier, for the log entry.
+    buffer: Vec<RecordBatch>,
+    /// Prepared transactions: their entry and slot, oldest first.
+    pending: Vec<(KafkaLogEntry, usize)>,
+}
+
+fn transactional_id(job: &str, subtask: u32, slot: usize) -> String {
+    format!("weir-{job}-{subtask}-{slot}")
+}
+
+impl Transactional {
+    #[allow(clippy::too_many_arguments)]
+    pub async fn open(spec: &KafkaSinkSpec, schema: &Schema, job: &str, subtask: u32, run_id: &str, log: Location, restore: SinkRestore<'_>) -> Result<Self> {
+        let key = key_index(spec, schema)?;
+        let mut sink = Transactional {
+            spec: spec.clone(),
+            key,
+            schema: std::sync::Arc::new(schema.clone()),
+            log,
+            job: job.to_string(),
+            subtask,
+            run_id: run_id.to_string(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            current: None,
+            buffer: Vec::new(),
+            pending: Vec::new(),
+        };
+        ensure_progress_topic(spec).await?;
+        // Fence every producer an earlier run may have left a transaction
+        // on: this subtask's own slots (a few more than any checkpoint
+        // recorded, since the pool may have grown after it), and the slots
+        // of the old subtasks whose state this one takes over.
+        let restored_ids: BTreeSet<String> = restore.mine.iter().flat_map(|s| s.transactional_ids.iter().cloned()).collect();
+        let own = restored_ids.iter().filter(|id| id.starts_with(&format!("weir-{job}-{subtask}-"))).count().max(INITIAL_SLOTS) + 1;
+        for slot in 0..own {
+            sink.add_slot(slot).await?;
+        }
+        for id in &restored_ids {
+            if !sink.slots.iter().any(|s| &s.transactional_id == id) {
+                let p = producer(spec, &format!("weir-{job}-{subtask}-fence"), Some(id))?;
+                init(&p, id)?;
+            }
+        }
+        check_topic(&sink.slots[0].producer, spec, &spec.topic).await?;
+
+        let entries: Vec<&KafkaLogEntry> = restore.mine.iter().flat_map(|s| &s.kafka).collect();
+        if !entries.is_empty() {
+            let committed = sink.committed_markers(&entries).await?;
+            for entry in entries {
+                if !committed.contains(&entry.id) {
+                    sink.write_again(entry).await?;
+                } else {
+                    tracing::debug!(entry = %entry.id, "kafka sink: the transaction of a restored checkpoint had committed");
+                }
+                sink.log.delete(&entry.file.name).await?;
+            }
+        }
+        if let Some(keep) = restore.keep {
+            discard_unreferenced(&sink.log, run_id, keep).await?;
+        }
+        Ok(sink)
+    }
+
+    async fn add_slot(&mut self, slot: usize) -> Result<()> {
+        let id = transactional_id(&self.job, self.subtask, slot);
+        let p = producer(&self.spec, &format!("weir-{}-{}", self.job, self.subtask), Some(&id))?;
+        init(&p, &id)?;
+        self.slots.push(Slot { transactional_id: id, producer: p });
+        self.free.push(slot);
+        Ok(())
+    }
+
+    fn context(&self) -> String {
+        format!("kafka sink topic {} subtask {}", self.spec.topic, self.subtask)
+    }
+
+    /// The slot of the open transaction, beginning one if needed.
+    async fn transaction(&mut self) -> Result<usize> {
+        if let Some(s) = self.current {
+            return Ok(s);
+        }
+        if self.free.is_empty() {
+            let n = self.slots.len();
+            self.add_slot(n).await?;
+        }
+        let s = self.free.remove(0);
+        self.slots[s].producer.begin_transaction().map_err(|e| kafka::error(self.context(), e))?;
+        self.current = Some(s);
+        Ok(s)
+    }
+
+    pub async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
+        let s = self.transaction().await?;
+        send_batch(&self.slots[s].producer, &self.spec.topic, self.key, batch).await?;
+        self.buffer.push(batch.clone());
+        Ok(())
+    }
+
+    /// Marks, flushes and logs the open transaction; it becomes pending on
+    /// `checkpoint_id`.
+    pub async fn pre_commit(&mut self, checkpoint_id: u64) -> Result<SinkState> {
+        if let Some(s) = self.current.take() {
+            let id = format!("weir:{}:{}:{}:{checkpoint_id}", self.job, self.run_id, self.subtask);
+            let producer = &self.slots[s].producer;
+            let marker_offset = mark(producer, &self.spec.progress_topic, &id, &self.context())?;
+            let batch = arrow::compute::concat_batches(&self.schema, &self.buffer).map_err(Error::arrow("kafka sink: collecting the log entry"))?;
+            self.buffer.clear();
+            let name = format!("{}-{:03}-{checkpoint_id:012}.arrow", self.run_id, self.subtask);
+            let file = self.log.put_state_file(&name, encode_state(&batch)?).await?;
+            let entry = KafkaLogEntry { checkpoint: checkpoint_id, id, transactional_id: self.slots[s].transactional_id.clone(), marker_offset, file };
+            self.pending.push((entry, s));
+        }
+        Ok(SinkState {
+            kafka: self.pending.iter().map(|(e, _)| e.clone()).collect(),
+            transactional_ids: self.slots.iter().map(|s| s.transactional_id.clone()).collect(),
+            ..SinkState::default()
+        })
+    }
+
+    /// Commits the transactions pending on checkpoints up to `checkpoint_id`.
+    pub async fn commit(&mut self, checkpoint_id: u64) -> Result<()> {
+        while self.pending.first().is_some_and(|(e, _)| e.checkpoint <= checkpoint_id) {
+            let (entry, s) = self.pending.remove(0);
+            crate::fault::crash_point("before-sink-commit", entry.checkpoint);
+            let producer = &self.slots[s].producer;
+            tokio::task::block_in_place(|| producer.commit_transaction(REQUEST_TIMEOUT))
+                .map_err(|e| commit_error(&self.context(), &entry, e))?;
+            self.free.push(s);
+            self.free.sort_unstable();
+            self.log.delete(&entry.file.name).await?;
+        }
+        Ok(())
+    }
+
+    /// The ids of `entries` whose marker, hence whose transaction, committed.
+    async fn committed_markers(&self, entries: &[&KafkaLogEntry]) -> Result<HashSet<String>> {
+        let topic = &self.spec.progress_topic;
+        let context = format!("kafka sink: settling the transactions of the restored checkpoint (progress topic {topic})");
+        // A committed message after every marker: reading up to it sees
+        // every marker's fate, since the old transactions are settled.
+        let probe = &self.slots[0].producer;
+        probe.begin_transaction().map_err(|e| kafka::error(&context, e))?;
+        let probe_id = format!("probe:{}:{}:{}", self.job, self.run_id, self.subtask);
+        let probe_offset = mark(probe, topic, &probe_id, &context)?;
+        tokio::task::block_in_place(|| probe.commit_transaction(REQUEST_TIMEOUT)).map_err(|e| kafka::error(&context, e))?;
+
+        let from = entries.iter().map(|e| e.marker_offset).min().unwrap_or(0);
+        let mut config = kafka::client_config(&self.spec.bootstrap_servers, &format!("weir-{}-{}-settle", self.job, self.subtask), &Default::default());
+        config.set("isolation.level", "read_committed").set("enable.auto.commit", "false").set("group.id", "weir-sink").set("auto.offset.reset", "earliest");
+        let consumer: BaseConsumer = config.create().map_err(|e| kafka::error(&context, e))?;
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, 0, Offset::Offset(from)).map_err(|e| kafka::error(&context, e))?;
+        consumer.assign(&tpl).map_err(|e| kafka::error(&context, e))?;
+        let wanted: HashSet<&str> = entries.iter().map(|e| e.id.as_str()).collect();
+        let mut committed = HashSet::new();
+        // Other jobs' open transactions in the progress topic hold the
+        // read back until they end (one checkpoint interval, at most their
+        // transaction timeout).
+        let deadline = Instant::now() + self.spec.transaction_timeout.get() + REQUEST_TIMEOUT;
+        loop {
+            if Instant::now() > deadline {
+                return Err(Error::Kafka { context, message: format!("the probe at offset {probe_offset} did not become readable in time"), fatal: false });
+            }
+            let next = tokio::task::block_in_place(|| consumer.poll(Duration::from_millis(200)).map(|r| r.map(|m| (m.offset(), m.key().map(<[u8]>::to_vec)))));
+            match next {
+                None | Some(Err(KafkaError::PartitionEOF(_))) => continue,
+                Some(Err(e)) => return Err(kafka::error(&context, e)),
+                Some(Ok((offset, key))) => {
+                    if let Some(key) = key.as_deref().and_then(|k| std::str::from_utf8(k).ok()) {
+                        if wanted.contains(key) {
+                            committed.insert(key.to_string());
+                        }
+                    }
+                    if offset >= probe_offset {
+                        return Ok(committed);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes a restored entry whose transaction never committed, with its
+    /// marker, in one transaction.
+    async fn write_again(&mut self, entry: &KafkaLogEntry) -> Result<()> {
+        let location = format!("{}/{}", self.log.display, entry.file.name);
+        let bytes = match self.log.read_state_file(&entry.file).await {
+            Ok(b) => b,
+            Err(e) => match self.log.get(&entry.file.name).await? {
+                None => return Err(Error::LostLogEntry { location, checkpoint: entry.checkpoint }),
+                Some(_) => return Err(e),
+            },
+        };
+        let batches = decode_state(&location, bytes.to_vec())?;
+        let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+        tracing::info!(entry = %entry.id, rows, "kafka sink: writing again the records of a completed checkpoint whose transaction never committed");
+        let s = self.transaction().await?;
+        for batch in &batches {
+            send_batch(&self.slots[s].producer, &self.spec.topic, self.key, batch).await?;
+        }
+        let producer = &self.slots[s].producer;
+        mark(producer, &self.spec.progress_topic, &entry.id, &self.context())?;
+        tokio::task::block_in_place(|| producer.commit_transaction(REQUEST_TIMEOUT)).map_err(|e| commit_error(&self.context(), entry, e))?;
+        self.current = None;
+        self.free.push(s);
+        self.free.sort_unstable();
+        Ok(())
+    }
+}
+
+/// Initializes a transactional producer: fences older producers of its id.
+fn init(producer: &ThreadedProducer<Deliveries>, id: &str) -> Result<()> {
+    tokio::task::block_in_place(|| producer.init_transactions(REQUEST_TIMEOUT)).map_err(|e| {
+        let mut err = kafka::error(format!("kafka sink: initializing transactional id {id}"), e);
+        if let Error::Kafka { message, .. } = &mut err {
+            message.push_str(" (the brokers need transactions: transaction.state.log.replication.factor and min.isr at most the number of brokers)");
+        }
+        err
+    })
+}
+
+/// Sends the progress marker `id` into the open transaction, flushes
+/// everything, and returns the marker's offset.
+fn mark(producer: &ThreadedProducer<Deliveries>, topic: &str, id: &str, context: &str) -> Result<i64> {
+    let value = format!("{{\"marker\":{}}}", serde_json::Value::String(id.to_string()));
+    producer
+        .send(BaseRecord::<str, str>::to(topic).partition(0).key(id).payload(&value))
+        .map_err(|(e, _)| kafka::error(format!("{context}: progress marker"), e))?;
+    flush(producer, context)?;
+    producer.context().marker_offset(id).ok_or_else(|| Error::Kafka {
+        context: context.into(),
+        message: format!("the progress marker {id} was flushed but its offset was not reported"),
+        fatal: false,
+    })
+}
+
+fn commit_error(context: &str, entry: &KafkaLogEntry, e: KafkaError) -> Error {
+    let fenced = matches!(e.rdkafka_error_code(), Some(RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch));
+    let mut err = kafka::error(format!("{context}: committing the transaction of checkpoint {}", entry.checkpoint), e);
+    if let Error::Kafka { message, fatal, .. } = &mut err {
+        // A restore settles the entry; a newer run fenced this producer
+        // only after taking over the job, and settles it itself.
+        *fatal = false;
+        if fenced {
+            message.push_str(" (a newer run of the job took over its transactional ids)");
+        }
+    }
+    err
+}
+
+/// Creates the progress topic (one partition) unless it exists.
+async fn ensure_progress_topic(spec: &KafkaSinkSpec) -> Result<()> {
+    let context = format!("kafka sink: creating the progress topic {}", spec.progress_topic);
+    let config = kafka::client_config(&spec.bootstrap_servers, "weir-admin", &Default::default());
+    let admin: AdminClient<_> = config.create().map_err(|e| kafka::error(&context, e))?;
+    let topic = NewTopic::new(&spec.progress_topic, 1, TopicReplication::Fixed(-1));
+    let results = admin
+        .create_topics([&topic], &AdminOptions::new().request_timeout(Some(REQUEST_TIMEOUT)))
+        .await
+        .map_err(|e| kafka::error(&context, e))?;
+    for r in results {
+        match r {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((_, code)) => return Err(kafka::error(&context, KafkaError::AdminOp(code))),
+        }
+    }
+    Ok(())
+}
+
+/// Deletes log files of other runs that no retained snapshot references:
+/// their transactions were aborted, and no restore will write them again.
+async fn discard_unreferenced(log: &Location, run_id: &str, keep: &HashSet<String>) -> Result<()> {
+    let current = format!("{run_id}-");
+    for name in log.list_objects("").await? {
+        if name.ends_with(".arrow") && !name.starts_with(&current) && !keep.contains(&name) {
+            tracing::info!(file = %name, "kafka sink: discarding the log entry of a checkpoint that never completed");
+            log.delete(&name).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Once a job has finished: [`discard_unreferenced`].
+pub async fn discard_after_finish(log: &Location, run_id: &str, keep: &HashSet<String>) -> Result<()> {
+    discard_unreferenced(log, run_id, keep).await
+}

@@ -1,0 +1,296 @@
+//! Records from a Kafka topic. Each partition is a split (`kafka:TOPIC:P`)
+//! whose position is the offset of the next message to read; partition `p`
+//! belongs to subtask `p % parallelism`, so a restore at another parallelism
+//! hands each partition, with its offset, to its new owner.
+//!
+//! Partitions are assigned by weir, not by a consumer group: offsets live
+//! only in checkpoints, and nothing is committed to Kafka. A partition that
+//! no checkpoint mentions starts where `start` says on the job's first
+//! start, and at its earliest offset after a restore (it was added since the
+//! checkpoint, so all of it is new to the job).
+//!
+//! The consumer reads `read_committed` by default: messages of aborted
+//! transactions are never seen, and neither are messages of open ones, so a
+//! job reading another job's exactly-once output sees each record once.
+//!
+//! A message value is decoded like a line of the file source (`json.rs`).
+//! One that does not decode fails the job naming topic, partition and
+//! offset, or is skipped and counted, or is copied to a dead-letter topic
+//! (flushed before every checkpoint's positions are taken, so a copy is
+//! never lost; a restore may copy it again).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use arrow::datatypes::SchemaRef;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::{Message, Offset, TopicPartitionList};
+use weir_api::pipeline::kafka::{BadMessages, KafkaSourceSpec, StartPosition, StopPosition};
+
+use super::json::LineDecoder;
+use super::{Poll, SourcePositions};
+use crate::error::{Error, Result};
+use crate::kafka::{self, Deliveries, REQUEST_TIMEOUT};
+
+/// How long an idle source waits before asking the consumer again.
+const IDLE_WAIT: Duration = Duration::from_millis(5);
+
+pub struct KafkaReader {
+    consumer: BaseConsumer,
+    topic: String,
+    schema: SchemaRef,
+    decoder: LineDecoder,
+    batch_size: usize,
+    /// Owned partition → offset of the next message to read.
+    offsets: BTreeMap<i32, i64>,
+    /// Owned partitions read to their end (`stop: end` only).
+    ended: BTreeSet<i32>,
+    stop_at_end: bool,
+    bad_messages: BadMessages,
+    dead_letter: Option<ThreadedProducer<Deliveries>>,
+    dead_letter_topic: String,
+    /// Owned partition → messages skipped (or sent to the dead-letter
+    /// topic) before its offset; kept in checkpoints.
+    skipped: BTreeMap<i32, u64>,
+    /// Skips not yet reported through `take_skipped`.
+    unreported: u64,
+    /// This subtask's share of `rate` (messages per second; 0: unlimited).
+    rate: f64,
+    started: std::time::Instant,
+    /// Messages consumed since `started`.
+    consumed: u64,
+}
+
+fn split_id(topic: &str, partition: i32) -> String {
+    format!("kafka:{topic}:{partition}")
+}
+
+impl KafkaReader {
+    pub fn new(spec: &KafkaSourceSpec, schema: SchemaRef, subtask: u32, parallelism: u32, restored: Option<&SourcePositions>) -> Result<Self> {
+        let topic = spec.topic.clone();
+        let context = format!("kafka source {} topic {topic}", spec.bootstrap_servers);
+        let mut config = kafka::client_config(&spec.bootstrap_servers, &format!("weir-source-{subtask}"), &spec.properties);
+        config
+            .set("isolation.level", spec.isolation.as_str())
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "true")
+            // librdkafka wants a group even for assigned partitions; weir
+            // never joins it nor commits offsets to it.
+            .set("group.id", "weir-source")
+            // A checkpoint's offset that retention has deleted since is an
+            // error, not a silent jump to another offset.
+            .set("auto.offset.reset", "error");
+        let consumer: BaseConsumer = config.create().map_err(|e| kafka::error(&context, e))?;
+
+        let metadata = consumer.fetch_metadata(Some(&topic), REQUEST_TIMEOUT).map_err(|e| kafka::error(&context, e))?;
+        let partitions = match metadata.topics().iter().find(|t| t.name() == topic) {
+            Some(t) if t.error().is_none() && !t.partitions().is_empty() => t.partitions().len() as i32,
+            Some(t) => {
+                let why = t.error().map(|e| format!("{:?}", rdkafka::types::RDKafkaErrorCode::from(e))).unwrap_or_else(|| "it has no partitions".into());
+                return Err(Error::Kafka {
+                    context,
+                    message: format!("the topic cannot be read ({why}); create it, or check `source.kafka.topic`"),
+                    fatal: true,
+                });
+            }
+            None => return Err(Error::Kafka { context, message: "the brokers do not know the topic; check `source.kafka.topic`".into(), fatal: true }),
+        };
+
+        let mut offsets = BTreeMap::new();
+        let mut skipped = BTreeMap::new();
+        let mut unreported = 0;
+        for p in (0..partitions).filter(|p| *p as u32 % parallelism == subtask) {
+            let id = split_id(&topic, p);
+            let offset = match restored.and_then(|r| r.splits.get(&id)) {
+                Some(&o) => i64::try_from(o).map_err(|_| Error::BadCheckpoint { location: id.clone(), message: format!("offset {o} is out of range") })?,
+                None => {
+                    let (low, high) = consumer.fetch_watermarks(&topic, p, REQUEST_TIMEOUT).map_err(|e| kafka::error(&context, e))?;
+                    match (restored.is_some(), spec.start) {
+                        (true, _) | (false, StartPosition::Earliest) => low,
+                        (false, StartPosition::Latest) => high,
+                        (false, StartPosition::Timestamp) => offset_for_time(&consumer, &topic, p, spec.start_timestamp.unwrap_or(0), high).map_err(|e| kafka::error(&context, e))?,
+                    }
+                }
+            };
+            let s = restored.and_then(|r| r.skipped.get(&id)).copied().unwrap_or(0);
+            unreported += s;
+            skipped.insert(p, s);
+            offsets.insert(p, offset);
+        }
+        let mut assignment = TopicPartitionList::new();
+        for (&p, &o) in &offsets {
+            assignment.add_partition_offset(&topic, p, Offset::Offset(o)).map_err(|e| kafka::error(&context, e))?;
+        }
+        consumer.assign(&assignment).map_err(|e| kafka::error(&context, e))?;
+        tracing::info!(topic = %topic, subtask, partitions = ?offsets, isolation = spec.isolation.as_str(), "kafka source assigned");
+
+        let dead_letter = match spec.bad_messages {
+            BadMessages::DeadLetter => {
+                let mut config = kafka::client_config(&spec.bootstrap_servers, &format!("weir-dead-letter-{subtask}"), &BTreeMap::new());
+                config.set("acks", "all").set("enable.idempotence", "true");
+                Some(config.create_with_context(Deliveries::default()).map_err(|e| kafka::error(&context, e))?)
+            }
+            _ => None,
+        };
+        Ok(KafkaReader {
+            consumer,
+            decoder: LineDecoder::new(&schema)?,
+            schema,
+            topic,
+            batch_size: spec.batch_size as usize,
+            offsets,
+            ended: BTreeSet::new(),
+            stop_at_end: spec.stop == StopPosition::End,
+            bad_messages: spec.bad_messages,
+            dead_letter_topic: spec.dead_letter_topic.clone().unwrap_or_default(),
+            dead_letter,
+            skipped,
+            unreported,
+            rate: spec.rate as f64 / parallelism as f64,
+            started: std::time::Instant::now(),
+            consumed: 0,
+        })
+    }
+
+    fn context(&self) -> String {
+        format!("kafka source topic {}", self.topic)
+    }
+
+    pub fn poll(&mut self) -> Result<Poll> {
+        let mut limit = self.batch_size;
+        if self.rate > 0.0 {
+            let allowed = (self.started.elapsed().as_secs_f64() * self.rate) as u64 + 1;
+            if self.consumed >= allowed {
+                return Ok(Poll::Wait(Duration::from_secs_f64((self.consumed + 1 - allowed) as f64 / self.rate).max(Duration::from_millis(1))));
+            }
+            limit = limit.min((allowed - self.consumed) as usize);
+        }
+        let mut consumed = 0;
+        while consumed < limit && self.decoder.rows() < self.batch_size {
+            let Some(next) = self.consumer.poll(Duration::ZERO) else { break };
+            consumed += 1;
+            let msg = match next {
+                Ok(msg) => msg,
+                Err(KafkaError::PartitionEOF(p)) => {
+                    if self.stop_at_end && self.offsets.contains_key(&p) && self.ended.insert(p) {
+                        // Messages that arrive later are not this run's to read.
+                        let mut tpl = TopicPartitionList::new();
+                        tpl.add_partition(&self.topic, p);
+                        self.consumer.pause(&tpl).map_err(|e| kafka::error(self.context(), e))?;
+                        tracing::info!(topic = %self.topic, partition = p, offset = self.offsets[&p], "kafka source read the partition to its end");
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    let fatal_offset = e.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::OffsetOutOfRange);
+                    let mut err = kafka::error(self.context(), e);
+                    if fatal_offset {
+                        err = Error::Kafka {
+                            context: self.context(),
+                            message: format!(
+                                "an offset to resume from is no longer in the topic (deleted by retention?): positions {:?}; restore a newer snapshot or start the job afresh",
+                                self.offsets
+                            ),
+                            fatal: true,
+                        };
+                    }
+                    return Err(err);
+                }
+            };
+            self.consumed += 1;
+            let (p, offset) = (msg.partition(), msg.offset());
+            if self.ended.contains(&p) || !self.offsets.contains_key(&p) {
+                continue;
+            }
+            let decoded = match msg.payload() {
+                Some(value) => self.decoder.push_line(value).map_err(|bad| format!("column {}: {}", bad.column, bad.message)),
+                None => Err("the message has no value".to_string()),
+            };
+            if let Err(why) = decoded {
+                match self.bad_messages {
+                    BadMessages::Fail => {
+                        return Err(Error::Kafka {
+                            context: self.context(),
+                            message: format!(
+                                "the message at partition {p} offset {offset} is not a JSON object of the schema: {why} (set `bad_messages: skip` or `dead_letter` to go on without it)"
+                            ),
+                            fatal: true,
+                        });
+                    }
+                    BadMessages::Skip => tracing::warn!(topic = %self.topic, partition = p, offset, reason = %why, "kafka source skipped a bad message"),
+                    BadMessages::DeadLetter => {
+                        let topic = &self.dead_letter_topic;
+                        let producer = self.dead_letter.as_ref().expect("a dead-letter producer exists for bad_messages: dead_letter");
+                        let (partition, offset_text) = (p.to_string(), offset.to_string());
+                        let headers = OwnedHeaders::new()
+                            .insert(Header { key: "weir.source.topic", value: Some(self.topic.as_bytes()) })
+                            .insert(Header { key: "weir.source.partition", value: Some(partition.as_bytes()) })
+                            .insert(Header { key: "weir.source.offset", value: Some(offset_text.as_bytes()) })
+                            .insert(Header { key: "weir.error", value: Some(why.as_bytes()) });
+                        let mut record = BaseRecord::<[u8], [u8]>::to(topic).headers(headers);
+                        if let Some(v) = msg.payload() {
+                            record = record.payload(v);
+                        }
+                        if let Some(k) = msg.key() {
+                            record = record.key(k);
+                        }
+                        producer.send(record).map_err(|(e, _)| kafka::error(format!("kafka source dead-letter topic {topic}"), e))?;
+                        tracing::warn!(topic = %self.topic, partition = p, offset, dead_letter = %topic, reason = %why, "kafka source sent a bad message to the dead-letter topic");
+                    }
+                }
+                *self.skipped.entry(p).or_default() += 1;
+                self.unreported += 1;
+            }
+            self.offsets.insert(p, offset + 1);
+        }
+        if self.decoder.rows() > 0 {
+            return Ok(Poll::Batch(self.decoder.finish(&self.schema)?));
+        }
+        if self.stop_at_end && self.ended.len() == self.offsets.len() {
+            return Ok(Poll::Finished);
+        }
+        Ok(Poll::Wait(if consumed > 0 { Duration::ZERO } else { IDLE_WAIT }))
+    }
+
+    pub fn take_skipped(&mut self) -> u64 {
+        std::mem::take(&mut self.unreported)
+    }
+
+    /// The offsets to checkpoint. Copies to the dead-letter topic are
+    /// flushed first: a checkpoint must not move past a bad message whose
+    /// copy could still be lost.
+    pub fn positions(&self) -> Result<SourcePositions> {
+        if let Some(p) = &self.dead_letter {
+            let context = "kafka source dead-letter topic";
+            p.flush(REQUEST_TIMEOUT).map_err(|e| kafka::error(context, e))?;
+            if let Some(failure) = p.context().take_failure() {
+                return Err(Error::Kafka { context: context.into(), message: failure, fatal: false });
+            }
+        }
+        let mut positions = SourcePositions::default();
+        for (&p, &o) in &self.offsets {
+            let id = split_id(&self.topic, p);
+            let s = self.skipped.get(&p).copied().unwrap_or(0);
+            if s > 0 {
+                positions.skipped.insert(id.clone(), s);
+            }
+            positions.splits.insert(id, o as u64);
+        }
+        Ok(positions)
+    }
+}
+
+/// The offset of the first message at or after `ts`, or `high` when there is none.
+fn offset_for_time(consumer: &BaseConsumer, topic: &str, partition: i32, ts: i64, high: i64) -> Result<i64, KafkaError> {
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, Offset::Offset(ts))?;
+    let found = consumer.offsets_for_times(tpl, REQUEST_TIMEOUT)?;
+    Ok(match found.find_partition(topic, partition).map(|e| e.offset()) {
+        Some(Offset::Offset(o)) => o,
+        _ => high,
+    })
+}

@@ -1,0 +1,212 @@
+//! The Kafka source and sink against a real broker (Apache Kafka in KRaft
+//! mode, `e2e/kafka/broker`): SIGKILLs of workers and of whole process
+//! trees leave the output equal to a failure-free run's, Kafka to file,
+//! generator to Kafka and Kafka to Kafka; a crash between a checkpoint's
+//! completion and its transaction's commit still delivers that checkpoint
+//! once; offsets move to new owners on a rescaled restore; read_committed
+//! hides aborted transactions; start positions, bad-message policies and
+//! bad settings behave as documented.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::common::*;
+
+/// Runs `job` to its end while SIGKILLing a random worker four times.
+fn run_with_worker_kills(job: &Job) -> String {
+    let mut child = job.spawn(&[]);
+    let kills = kill_workers_while_running(job, &mut child, 4);
+    let out = wait_with_timeout(child, Duration::from_secs(240));
+    assert!(out.status.success(), "weir run failed:\n{}", stderr(&out));
+    assert!(kills >= 2, "only {kills} kills happened before the job ended");
+    assert!(stderr(&out).contains("restarting"), "no restart was reported:\n{}", stderr(&out));
+    stderr(&out)
+}
+
+/// Every log entry of the exactly-once Kafka sink was settled and deleted.
+fn assert_sink_log_empty(job: &Job) {
+    let left: Vec<_> = std::fs::read_dir(job.path("state/eo-test/wal")).map(|d| d.flatten().map(|e| e.file_name()).collect()).unwrap_or_default();
+    assert!(left.is_empty(), "log entries left after the job finished: {left:?}");
+}
+
+#[test]
+fn worker_kills_with_a_kafka_source_keep_exactly_once() {
+    let job = Job::counting(3, 40_000, 60, 0, "200ms").input_from_kafka(4, 15_000);
+    run_with_worker_kills(&job);
+    job.assert_exactly_once();
+}
+
+#[test]
+fn worker_kills_with_an_exactly_once_kafka_sink_keep_exactly_once() {
+    let job = Job::counting(3, 40_000, 60, 15_000, "200ms").output_to_kafka("exactly-once");
+    run_with_worker_kills(&job);
+    job.assert_exactly_once();
+    assert_sink_log_empty(&job);
+}
+
+#[test]
+fn kafka_to_kafka_with_worker_kills_is_exactly_once_for_a_read_committed_reader() {
+    let job = Job::counting(2, 40_000, 60, 0, "200ms").input_from_kafka(4, 15_000).output_to_kafka("exactly-once");
+    run_with_worker_kills(&job);
+    job.assert_exactly_once();
+    assert_sink_log_empty(&job);
+}
+
+#[test]
+fn a_crash_between_completion_and_commit_writes_that_checkpoint_again_exactly_once() {
+    // The crash leaves checkpoint 3's transaction open: the restore fences
+    // it (the broker aborts it), finds no progress marker, and writes the
+    // checkpoint's records again from the sink's log.
+    let job = Job::counting(2, 20_000, 40, 10_000, "200ms").output_to_kafka("exactly-once");
+    let marker = job.path("fault-fired");
+    let out = job.command(&[]).env("WEIR_FAULT", "after-complete@3").env("WEIR_FAULT_ONCE", &marker).env("RUST_LOG", "info").output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(marker.exists(), "the fault never fired");
+    assert!(stderr(&out).contains("writing again the records of a completed checkpoint"), "no checkpoint was written again:\n{}", stderr(&out));
+    job.assert_exactly_once();
+    assert_sink_log_empty(&job);
+}
+
+#[test]
+fn whole_tree_kills_then_a_rescaled_restore_hand_each_partition_its_offset() {
+    let job = Job::counting(3, 60_000, 60, 0, "200ms").input_from_kafka(5, 10_000);
+    let out = kill_trees_then_restore_latest(&job, 700..1500, Some("2"));
+    assert!(out.status.success(), "{}", stderr(&out));
+    job.assert_exactly_once();
+}
+
+#[test]
+fn an_at_least_once_kafka_sink_delivers_every_record_after_worker_kills() {
+    let job = Job::counting(2, 20_000, 40, 10_000, "200ms").output_to_kafka("at-least-once");
+    run_with_worker_kills(&job);
+    let records = job.committed_lines();
+    let mut seen: HashMap<i64, u32> = HashMap::new();
+    for r in &records {
+        *seen.entry(r["seq"].as_i64().unwrap()).or_default() += 1;
+    }
+    assert_eq!(seen.len() as u64, job.events, "every event at least once");
+    let repeated = seen.values().filter(|n| **n > 1).count();
+    println!("at-least-once: {} records for {} events, {repeated} events repeated", records.len(), job.events);
+}
+
+/// A pipeline reading `topic` into `out/eo` unchanged, with `extra` source settings.
+fn copy_job(topic: &str, schema: &str, extra: &str) -> Job {
+    let yaml = format!(
+        "name: eo-test\nparallelism: 1\ncheckpoint:\n  interval: 200ms\nsource:\n  kafka:\n    bootstrap_servers: {}\n    topic: {topic}\n    schema: {schema}\n    stop: end\n{extra}sink:\n  file:\n    path: out/eo\n    format: jsonl\n    guarantee: exactly-once\n",
+        kafka::bootstrap()
+    );
+    Job::with_pipeline(&yaml, 0, 1)
+}
+
+fn values(job: &Job, field: &str) -> Vec<i64> {
+    let mut v: Vec<i64> = job.committed_lines().iter().map(|l| l[field].as_i64().unwrap()).collect();
+    v.sort();
+    v
+}
+
+fn numbered(range: std::ops::Range<i64>) -> Vec<(i32, String)> {
+    range.map(|n| (0, format!(r#"{{"n":{n}}}"#))).collect()
+}
+
+#[test]
+fn read_committed_never_sees_an_aborted_transaction_and_read_uncommitted_does() {
+    let topic = kafka::topic("isolation");
+    kafka::create_topic(&topic, 1);
+    kafka::produce(&topic, &numbered(0..3), Some(true));
+    kafka::produce(&topic, &numbered(3..6), Some(false));
+    kafka::produce(&topic, &numbered(6..9), Some(true));
+    kafka::produce(&topic, &numbered(9..10), None);
+
+    let committed = copy_job(&topic, "{n: int64}", "");
+    let out = committed.run(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(values(&committed, "n"), [0, 1, 2, 6, 7, 8, 9]);
+
+    let uncommitted = copy_job(&topic, "{n: int64}", "    isolation: read_uncommitted\n");
+    let out = uncommitted.run(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(values(&uncommitted, "n"), (0..10).collect::<Vec<_>>());
+}
+
+#[test]
+fn start_positions_apply_to_a_first_start() {
+    let topic = kafka::topic("start");
+    kafka::create_topic(&topic, 2);
+    kafka::produce(&topic, &numbered(0..5), None);
+    std::thread::sleep(Duration::from_millis(50));
+    let t = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis();
+    std::thread::sleep(Duration::from_millis(50));
+    let later: Vec<(i32, String)> = (5..10).map(|n| ((n % 2) as i32, format!(r#"{{"n":{n}}}"#))).collect();
+    kafka::produce(&topic, &later, None);
+
+    let earliest = copy_job(&topic, "{n: int64}", "");
+    assert!(earliest.run(&[]).status.success());
+    assert_eq!(values(&earliest, "n"), (0..10).collect::<Vec<_>>());
+
+    let since = copy_job(&topic, "{n: int64}", &format!("    start: timestamp\n    start_timestamp: {t}\n"));
+    let out = since.run(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(values(&since, "n"), (5..10).collect::<Vec<_>>());
+
+    let latest = copy_job(&topic, "{n: int64}", "    start: latest\n");
+    let out = latest.run(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(values(&latest, "n"), Vec::<i64>::new());
+}
+
+#[test]
+fn bad_messages_fail_naming_partition_and_offset_or_are_skipped_and_counted_or_sent_to_a_dead_letter_topic() {
+    let topic = kafka::topic("bad");
+    kafka::create_topic(&topic, 1);
+    let messages: Vec<(i32, String)> =
+        [r#"{"n":0}"#, r#"{"n":1}"#, r#"{"n":"two"}"#, r#"{"n":3}"#, "not json", r#"{"n":5}"#].iter().map(|m| (0, m.to_string())).collect();
+    kafka::produce(&topic, &messages, None);
+
+    let fail = copy_job(&topic, "{n: int64}", "");
+    let out = fail.run(&[]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains(&topic) && err.contains("partition 0 offset 2"), "the error does not name topic, partition and offset:\n{err}");
+    assert!(err.contains("`n`"), "the error does not name the field:\n{err}");
+    assert!(!err.contains("restarting"), "a bad message is fatal, not worth a restart:\n{err}");
+
+    let skip = copy_job(&topic, "{n: int64}", "    bad_messages: skip\n");
+    let out = skip.run(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(values(&skip, "n"), [0, 1, 3, 5]);
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).expect("the run's summary");
+    assert_eq!(summary["records_skipped"], 2, "summary: {summary}");
+
+    let dead = kafka::topic("dead-letter");
+    kafka::create_topic(&dead, 1);
+    let dlq = copy_job(&topic, "{n: int64}", &format!("    bad_messages: dead_letter\n    dead_letter_topic: {dead}\n"));
+    let out = dlq.run(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(values(&dlq, "n"), [0, 1, 3, 5]);
+    let copies = kafka::read_all(&dead, "read_committed");
+    let got: Vec<(&str, &str)> = copies.iter().map(|m| (m.value.as_str(), m.headers["weir.source.offset"].as_str())).collect();
+    assert_eq!(got, [(r#"{"n":"two"}"#, "2"), ("not json", "4")]);
+    assert_eq!(copies[0].headers["weir.source.topic"], topic);
+    assert!(copies[0].headers["weir.error"].contains("`n`"), "headers: {:?}", copies[0].headers);
+}
+
+#[test]
+fn a_missing_topic_or_a_too_short_transaction_timeout_fails_at_once_naming_the_setting() {
+    let missing = copy_job("no-such-topic-anywhere", "{n: int64}", "");
+    let out = missing.run(&[]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("no-such-topic-anywhere") && err.contains("source.kafka.topic"), "{err}");
+    assert!(!err.contains("restarting"), "{err}");
+
+    let job = Job::counting(1, 100, 10, 0, "30s").output_to_kafka("exactly-once");
+    let yaml = std::fs::read_to_string(job.path("pipeline.yaml")).unwrap();
+    job.write_pipeline(&yaml.replace("    guarantee: exactly-once\n    progress_topic", "    guarantee: exactly-once\n    transaction_timeout: 60s\n    progress_topic"));
+    let out = job.run(&[]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("sink.kafka.transaction_timeout") && err.contains("checkpoint.interval (30s)") && err.contains("checkpoint.timeout (1m)"),
+        "the error does not name both settings:\n{err}"
+    );
+}
