@@ -94,6 +94,8 @@ struct Coordinator {
     status: SharedStatus,
     workers: HashMap<u32, mpsc::UnboundedSender<ToWorker>>,
     ready: BTreeSet<u32>,
+    /// Workers whose subtasks are all open (see `ToCoordinator::Running`).
+    running: BTreeSet<u32>,
     finished_workers: BTreeSet<u32>,
     started: bool,
     next_id: u64,
@@ -125,6 +127,7 @@ pub async fn run(cfg: CoordinatorConfig, listener: TcpListener, mut api: mpsc::R
         status,
         workers: HashMap::new(),
         ready: BTreeSet::new(),
+        running: BTreeSet::new(),
         finished_workers: BTreeSet::new(),
         started: false,
         next_id,
@@ -314,6 +317,15 @@ impl Coordinator {
                         tracing::info!(workers = self.cfg.workers, "all workers ready; job running");
                     }
                 }
+                ToCoordinator::Running => {
+                    self.running.insert(worker);
+                    if self.running.len() == self.cfg.workers {
+                        // The first checkpoint comes an interval after every
+                        // subtask is open, not after the start.
+                        self.last_trigger = Instant::now();
+                        tracing::debug!("every subtask is open; checkpoints may start");
+                    }
+                }
                 ToCoordinator::Ack { checkpoint_id, ack } => {
                     let complete = match &mut self.pending {
                         Some(p) if p.id == checkpoint_id => {
@@ -361,7 +373,7 @@ impl Coordinator {
     }
 
     async fn on_tick(&mut self) {
-        if !self.started || self.final_completed || self.stopped_by.is_some() {
+        if !self.started || self.running.len() < self.cfg.workers || self.final_completed || self.stopped_by.is_some() {
             return;
         }
         if let Some(p) = &self.pending {
@@ -608,6 +620,7 @@ mod tests {
         send(&mut conn, &ToCoordinator::Hello { worker: 0, run_id: "r".into(), restored_from: None, proof: String::new() }, "c").await.unwrap();
         send(&mut conn, &ToCoordinator::Ready, "c").await.unwrap();
         assert!(matches!(recv_skipping_heartbeats(&mut conn).await.unwrap(), Some(ToWorker::Start)));
+        send(&mut conn, &ToCoordinator::Running, "c").await.unwrap();
         let Some(ToWorker::Trigger(first)) = recv_skipping_heartbeats(&mut conn).await.unwrap() else { panic!("no trigger") };
         // No acknowledgement: the checkpoint must be abandoned, not waited for forever.
         let abandoned = recv_skipping_heartbeats(&mut conn).await.unwrap();
@@ -697,6 +710,7 @@ mod tests {
         send(&mut conn, &ToCoordinator::Hello { worker: 0, run_id: "r".into(), restored_from: None, proof: String::new() }, "c").await.unwrap();
         send(&mut conn, &ToCoordinator::Ready, "c").await.unwrap();
         assert!(matches!(recv_skipping_heartbeats(&mut conn).await.unwrap(), Some(ToWorker::Start)));
+        send(&mut conn, &ToCoordinator::Running, "c").await.unwrap();
         assert!(matches!(book.admit("stop-1"), crate::checkpoint::savepoints::Admission::New(_)));
         api_tx.send(ApiRequest::Savepoint { request_id: "stop-1".into(), stop: true }).await.unwrap();
         // Acknowledge every snapshot (periodic checkpoints may come first) until the savepoint.

@@ -377,6 +377,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     }
     drop(sink_notifications);
     tracing::info!(worker = index, subtasks = tasks.len(), "worker running");
+    let _ = to_coord.send(ToCoordinator::Running);
 
     let metrics_counters = counters.clone();
     let metrics_tx = to_coord.clone();

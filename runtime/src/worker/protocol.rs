@@ -33,6 +33,12 @@ pub enum ToCoordinator {
         proof: String,
     },
     Ready,
+    /// Every subtask of the worker is open: its state restored and its sink
+    /// recovered. No checkpoint is triggered before every worker says so,
+    /// because a sink's recovery may wait for what other subtasks' sinks
+    /// leave open once they take part in a checkpoint (the Kafka sink reads
+    /// its progress markers up to a point no open transaction may hold back).
+    Running,
     Ack { checkpoint_id: u64, ack: SubtaskAck },
     Decline { checkpoint_id: u64, reason: String },
     SourceFinished { subtask: u32 },
