@@ -281,3 +281,30 @@ fn a_savepoint_a_crash_and_then_restoring_the_savepoint_again_loses_nothing() {
     assert!(out.status.success(), "restoring the savepoint a second time failed:\n{}", stderr(&out));
     assert_eq!(committed_seq_counts(&job).len() as u64, job.events);
 }
+
+#[test]
+fn kafka_to_postgres_in_each_mode_with_worker_kills_is_exactly_once() {
+    let pg = postgres::Server::start();
+    for mode in ["two-phase-commit", "write-ahead-log"] {
+        let job = Job::counting(2, 40_000, 60, 0, "200ms")
+            .input_from_kafka(4, 10_000)
+            .output_to_postgres(&pg, mode, "seq bigint, key bigint, value bigint, count bigint");
+        run_with_worker_kills(&job);
+        job.assert_exactly_once();
+    }
+    let (events, keys) = (40_000u64, 60u64);
+    let job = Job::counting(2, events, keys, 0, "200ms")
+        .input_from_kafka(4, 10_000)
+        .output_to_postgres(&pg, "upsert", "key bigint PRIMARY KEY, seq bigint, value bigint, count bigint");
+    run_with_worker_kills(&job);
+    // Each key's final row holds the count of all its events.
+    let rows: Vec<serde_json::Value> = job.committed_lines();
+    assert_eq!(rows.len() as u64, keys);
+    for r in rows {
+        let key = r["key"].as_i64().unwrap();
+        let n = (events as i64 - key + keys as i64 - 1) / keys as i64;
+        assert_eq!(r["count"].as_i64(), Some(n), "count of key {key}");
+    }
+    let left = pg.prepared();
+    assert!(left.is_empty(), "prepared transactions left after the jobs finished: {left:?}");
+}
