@@ -85,7 +85,7 @@ pub enum Error {
 
     /// A write-ahead log entry of a completed checkpoint is gone before it
     /// was written to its target: its records are lost.
-    #[error("postgres sink: the write-ahead log entry {location} of completed checkpoint {checkpoint} is gone before its records reached the table; were the job's checkpoints cleaned while it ran?")]
+    #[error("sink: the log entry {location} of completed checkpoint {checkpoint} is gone before its records reached their target; were the job's checkpoints cleaned while it ran?")]
     LostLogEntry { location: String, checkpoint: u64 },
 
     /// The file sink's object store (`s3://` output) failed a request; it

@@ -36,7 +36,7 @@ use arrow::json::LineDelimitedWriter;
 use serde::{Deserialize, Serialize};
 use weir_api::{Guarantee, PostgresMode, SinkSpec};
 
-use crate::checkpoint::CheckpointStorage;
+use crate::checkpoint::{CheckpointStorage, Location, StateFile};
 
 use crate::error::{Error, Result};
 
@@ -130,6 +130,35 @@ pub async fn clean_up_after_finish(spec: &SinkSpec, job: &str, run_id: &str, kee
         SinkSpec::Kafka(k) if k.guarantee == Guarantee::ExactlyOnce => kafka::discard_after_finish(&storage.dir(LOG_DIR), run_id, keep).await,
         _ => Ok(()),
     }
+}
+
+/// Reads a log entry's records back from the job's `wal` directory; only on
+/// failure does it look again, to tell a lost entry from a damaged one.
+pub(crate) async fn read_log_entry(log: &Location, file: &StateFile, checkpoint: u64) -> Result<(String, Vec<RecordBatch>)> {
+    let location = format!("{}/{}", log.display, file.name);
+    let bytes = match log.read_state_file(file).await {
+        Ok(b) => b,
+        Err(e) => match log.get(&file.name).await? {
+            None => return Err(Error::LostLogEntry { location, checkpoint }),
+            Some(_) => return Err(e),
+        },
+    };
+    let batches = crate::worker::restore::decode_state(&location, bytes.to_vec())?;
+    Ok((location, batches))
+}
+
+/// Deletes the log files of runs other than `run_id` that no retained
+/// snapshot references (`keep`): their records will be produced again, and
+/// no restore will write them.
+pub(crate) async fn discard_unreferenced_log_files(log: &Location, run_id: &str, keep: &HashSet<String>, sink: &str) -> Result<()> {
+    let current = format!("{run_id}-");
+    for name in log.list_objects("").await? {
+        if name.ends_with(".arrow") && !name.starts_with(&current) && !keep.contains(&name) {
+            tracing::info!(file = %name, sink, "discarding the log entry of a checkpoint that never completed");
+            log.delete(&name).await?;
+        }
+    }
+    Ok(())
 }
 
 /// Records as JSON lines, one object per line.

@@ -57,7 +57,8 @@ fn a_crash_between_completion_and_commit_writes_that_checkpoint_again_exactly_on
     // The crash leaves checkpoint 3's transaction open: the restore fences
     // it (the broker aborts it), finds no progress marker, and writes the
     // checkpoint's records again from the sink's log.
-    let job = Job::counting(2, 20_000, 40, 10_000, "200ms").output_to_kafka("exactly-once");
+    // Long enough (4 s) that checkpoint 3 comes before the end under load.
+    let job = Job::counting(2, 40_000, 40, 10_000, "200ms").output_to_kafka("exactly-once");
     let marker = job.path("fault-fired");
     let out = job.command(&[]).env("WEIR_FAULT", "after-complete@3").env("WEIR_FAULT_ONCE", &marker).env("RUST_LOG", "info").output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));

@@ -46,7 +46,7 @@ use crate::checkpoint::{Location, StateFile};
 use crate::error::{Error, Result};
 use crate::kafka::{self, Deliveries, REQUEST_TIMEOUT};
 use crate::sink::{SinkRestore, SinkState};
-use crate::worker::restore::{decode_state, encode_state};
+use crate::worker::restore::encode_state;
 
 /// Producers a subtask starts with; more are made only while every one has
 /// a transaction waiting for its checkpoint.
@@ -271,15 +271,7 @@ impl Transactional {
     /// Writes a restored entry whose transaction never committed, with its
     /// marker, in one transaction.
     async fn write_again(&mut self, entry: &KafkaLogEntry) -> Result<()> {
-        let location = format!("{}/{}", self.log.display, entry.file.name);
-        let bytes = match self.log.read_state_file(&entry.file).await {
-            Ok(b) => b,
-            Err(e) => match self.log.get(&entry.file.name).await? {
-                None => return Err(Error::LostLogEntry { location, checkpoint: entry.checkpoint }),
-                Some(_) => return Err(e),
-            },
-        };
-        let batches = decode_state(&location, bytes.to_vec())?;
+        let (_, batches) = crate::sink::read_log_entry(&self.log, &entry.file, entry.checkpoint).await?;
         let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
         tracing::info!(entry = %entry.id, rows, "kafka sink: writing again the records of a completed checkpoint whose transaction never committed");
         let s = self.transaction().await?;
@@ -355,17 +347,8 @@ async fn ensure_progress_topic(spec: &KafkaSinkSpec) -> Result<()> {
     Ok(())
 }
 
-/// Deletes log files of other runs that no retained snapshot references:
-/// their transactions were aborted, and no restore will write them again.
 async fn discard_unreferenced(log: &Location, run_id: &str, keep: &HashSet<String>) -> Result<()> {
-    let current = format!("{run_id}-");
-    for name in log.list_objects("").await? {
-        if name.ends_with(".arrow") && !name.starts_with(&current) && !keep.contains(&name) {
-            tracing::info!(file = %name, "kafka sink: discarding the log entry of a checkpoint that never completed");
-            log.delete(&name).await?;
-        }
-    }
-    Ok(())
+    crate::sink::discard_unreferenced_log_files(log, run_id, keep, "kafka").await
 }
 
 /// Once a job has finished: [`discard_unreferenced`].

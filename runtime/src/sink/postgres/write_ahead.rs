@@ -36,7 +36,7 @@ use super::{column_arrays, connect, failed, job_prefix, params, quote_ident, Tab
 use crate::checkpoint::{Location, StateFile};
 use crate::error::{Error, Result};
 use crate::sink::{SinkRestore, SinkState};
-use crate::worker::restore::{decode_state, encode_state};
+use crate::worker::restore::encode_state;
 
 /// The acknowledgement table, created in the sink table's schema.
 pub const ACK_TABLE: &str = "weir_sink_acks";
@@ -181,16 +181,7 @@ impl WriteAheadLog {
     }
 
     async fn read_entry(&self, entry: &LogEntry) -> Result<RecordBatch> {
-        let location = format!("{}/{}", self.log.display, entry.file.name);
-        let bytes = match self.log.read_state_file(&entry.file).await {
-            Ok(b) => b,
-            // Only on failure: tell a lost entry from a damaged one.
-            Err(e) => match self.log.get(&entry.file.name).await? {
-                None => return Err(Error::LostLogEntry { location, checkpoint: entry.checkpoint }),
-                Some(_) => return Err(e),
-            },
-        };
-        let batches = decode_state(&location, bytes.to_vec())?;
+        let (location, batches) = crate::sink::read_log_entry(&self.log, &entry.file, entry.checkpoint).await?;
         arrow::compute::concat_batches(&self.schema, &batches)
             .map_err(|e| Error::BadCheckpoint { location, message: format!("the log entry does not have the records' schema: {e}") })
     }
@@ -200,13 +191,7 @@ impl WriteAheadLog {
 /// retained snapshot references (`keep`), and their acknowledgements: no
 /// restore will write those entries again.
 async fn discard_unreferenced(client: &Client, log: &Location, acks: &str, job: &str, run_id: &str, keep: &HashSet<String>) -> Result<()> {
-    let current = format!("{run_id}-");
-    for name in log.list_objects("").await? {
-        if name.ends_with(".arrow") && !name.starts_with(&current) && !keep.contains(&name) {
-            tracing::info!(file = %name, "discarding the log entry of a checkpoint that never completed");
-            log.delete(&name).await?;
-        }
-    }
+    crate::sink::discard_unreferenced_log_files(log, run_id, keep, "postgres").await?;
     let keep: Vec<&str> = keep.iter().map(String::as_str).filter(|k| k.starts_with("weir:")).collect();
     client
         .execute(
