@@ -413,7 +413,15 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                 Some(Ok(Ok(()))) => {}
                 Some(Ok(Err(e))) => {
                     let e = encode_failure.lock().unwrap_or_else(|p| p.into_inner()).take().unwrap_or(e);
-                    return Err(if e.is_fatal() { e } else { prefer_fatal(&mut tasks, e).await });
+                    if e.is_fatal() {
+                        return Err(e);
+                    }
+                    // A subtask that saw the coordinator's channels close
+                    // fails only as a consequence: the connection task
+                    // queued the cause (silence, a closed connection) before
+                    // it dropped them, so that cause is the one reported.
+                    let e = lost_rx.try_recv().map(Error::Job).unwrap_or(e);
+                    return Err(prefer_fatal(&mut tasks, e).await);
                 }
                 Some(Err(e)) => return Err(Error::Job(format!("a subtask crashed: {e}"))),
                 None => break,
