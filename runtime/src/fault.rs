@@ -9,6 +9,10 @@
 //! `after-ack` (a subtask acknowledged, the checkpoint is not complete),
 //! `after-complete` (the coordinator wrote the metadata and pointer, no sink
 //! has committed), `before-commit` (a sink got the completion, did not rename).
+//! The exactly-once Kafka sink adds `after-marker` (the progress marker is
+//! flushed in the open transaction, the log entry not written) and
+//! `before-sink-commit` (the checkpoint completed, its transaction is not
+//! committed).
 
 use std::sync::OnceLock;
 

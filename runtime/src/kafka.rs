@@ -3,11 +3,12 @@
 //! to the runtime's.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use rdkafka::client::ClientContext;
-use rdkafka::config::ClientConfig;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::consumer::ConsumerContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DeliveryResult, ProducerContext};
 use rdkafka::Message;
@@ -63,7 +64,103 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl ClientContext for Deliveries {}
+impl ClientContext for Deliveries {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        log_line(level, fac, message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        log_error(error, reason);
+    }
+}
+
+/// The context of weir's consumers: librdkafka's logs and errors go
+/// through the same rate limit as the producers'.
+#[derive(Default)]
+pub struct Quiet;
+
+impl ClientContext for Quiet {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        log_line(level, fac, message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        log_error(error, reason);
+    }
+}
+
+impl ConsumerContext for Quiet {}
+
+/// How often one kind of librdkafka complaint is logged. While a broker is
+/// away every client (a sink subtask has several producers) reports every
+/// failed reconnect, several a second; the job itself notices through its
+/// requests and restarts, so one line per kind per interval says enough.
+const COMPLAINT_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Whether a complaint of `kind` may be logged now; if so, how many of its
+/// kind were held back since the last one.
+fn admit(kind: &str) -> Option<u64> {
+    static LAST: OnceLock<Mutex<HashMap<String, (Instant, u64)>>> = OnceLock::new();
+    let mut last = lock(LAST.get_or_init(Default::default));
+    let now = Instant::now();
+    match last.get_mut(kind) {
+        Some((at, held)) if now.duration_since(*at) < COMPLAINT_INTERVAL => {
+            *held += 1;
+            None
+        }
+        Some((at, held)) => {
+            let n = *held;
+            *at = now;
+            *held = 0;
+            Some(n)
+        }
+        None => {
+            last.insert(kind.to_string(), (now, 0));
+            Some(0)
+        }
+    }
+}
+
+fn held_back(n: u64) -> String {
+    if n == 0 {
+        String::new()
+    } else {
+        format!(" ({n} more like it in the last {}s not shown)", COMPLAINT_INTERVAL.as_secs())
+    }
+}
+
+fn log_line(level: RDKafkaLogLevel, fac: &str, message: &str) {
+    let important = matches!(level, RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error);
+    if !important && !matches!(level, RDKafkaLogLevel::Warning) {
+        tracing::debug!(target: "librdkafka", facility = fac, "{message}");
+        return;
+    }
+    let Some(n) = admit(fac) else { return };
+    // A failed connection is logged at error level by librdkafka; for the
+    // job it is a retry, and the request that gives up is the error.
+    if important && fac != "FAIL" {
+        tracing::error!(target: "librdkafka", facility = fac, "{message}{}", held_back(n));
+    } else {
+        tracing::warn!(target: "librdkafka", facility = fac, "{message}{}", held_back(n));
+    }
+}
+
+fn log_error(error: KafkaError, reason: &str) {
+    let code = error.rdkafka_error_code();
+    // The source asks for partition ends (`stop: end`) and reads them from
+    // its poll; they are no error.
+    if code == Some(RDKafkaErrorCode::PartitionEOF) {
+        return;
+    }
+    let kind = code.map(|c| format!("{c:?}")).unwrap_or_else(|| "other".into());
+    let Some(n) = admit(&kind) else { return };
+    let transient = matches!(code, Some(RDKafkaErrorCode::BrokerTransportFailure | RDKafkaErrorCode::AllBrokersDown | RDKafkaErrorCode::BrokerNotAvailable | RDKafkaErrorCode::RequestTimedOut));
+    if transient {
+        tracing::warn!(target: "librdkafka", "{error}: {reason}{}", held_back(n));
+    } else {
+        tracing::error!(target: "librdkafka", "{error}: {reason}{}", held_back(n));
+    }
+}
 
 impl ProducerContext for Deliveries {
     type DeliveryOpaque = ();

@@ -39,7 +39,7 @@ use crate::kafka::{self, Deliveries, REQUEST_TIMEOUT};
 const IDLE_WAIT: Duration = Duration::from_millis(5);
 
 pub struct KafkaReader {
-    consumer: BaseConsumer,
+    consumer: BaseConsumer<kafka::Quiet>,
     topic: String,
     schema: SchemaRef,
     decoder: LineDecoder,
@@ -84,7 +84,7 @@ impl KafkaReader {
             // A checkpoint's offset that retention has deleted since is an
             // error, not a silent jump to another offset.
             .set("auto.offset.reset", "error");
-        let consumer: BaseConsumer = config.create().map_err(|e| kafka::error(&context, e))?;
+        let consumer: BaseConsumer<kafka::Quiet> = config.create_with_context(kafka::Quiet).map_err(|e| kafka::error(&context, e))?;
 
         let metadata = consumer.fetch_metadata(Some(&topic), REQUEST_TIMEOUT).map_err(|e| kafka::error(&context, e))?;
         let partitions = match metadata.topics().iter().find(|t| t.name() == topic) {
@@ -285,7 +285,7 @@ impl KafkaReader {
 }
 
 /// The offset of the first message at or after `ts`, or `high` when there is none.
-fn offset_for_time(consumer: &BaseConsumer, topic: &str, partition: i32, ts: i64, high: i64) -> Result<i64, KafkaError> {
+fn offset_for_time(consumer: &BaseConsumer<kafka::Quiet>, topic: &str, partition: i32, ts: i64, high: i64) -> Result<i64, KafkaError> {
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(topic, partition, Offset::Offset(ts))?;
     let found = consumer.offsets_for_times(tpl, REQUEST_TIMEOUT)?;

@@ -1,9 +1,14 @@
 //! The Kafka source and sink against a real broker (Apache Kafka in KRaft
 //! mode, `e2e/kafka/broker`): SIGKILLs of workers and of whole process
 //! trees leave the output equal to a failure-free run's, Kafka to file,
-//! generator to Kafka and Kafka to Kafka; a crash between a checkpoint's
-//! completion and its transaction's commit still delivers that checkpoint
-//! once; offsets move to new owners on a rescaled restore; read_committed
+//! generator to Kafka and Kafka to Kafka; a crash at each point of a
+//! checkpoint (alignment, acknowledgement, after the progress marker,
+//! between completion and commit, before the sink's commit) keeps Kafka to
+//! Kafka exactly once and leaves no open transaction; a broker down at
+//! start and restarted mid-run costs no record and does not flood the log;
+//! a crash between a checkpoint's completion and its transaction's commit
+//! still delivers that checkpoint once; offsets move to new owners on a
+//! rescaled restore; read_committed
 //! hides aborted transactions; start positions, bad-message policies and
 //! bad settings behave as documented.
 
@@ -42,6 +47,7 @@ fn worker_kills_with_an_exactly_once_kafka_sink_keep_exactly_once() {
     run_with_worker_kills(&job);
     job.assert_exactly_once();
     assert_sink_log_empty(&job);
+    job.assert_no_open_transaction();
 }
 
 #[test]
@@ -50,6 +56,7 @@ fn kafka_to_kafka_with_worker_kills_is_exactly_once_for_a_read_committed_reader(
     run_with_worker_kills(&job);
     job.assert_exactly_once();
     assert_sink_log_empty(&job);
+    job.assert_no_open_transaction();
 }
 
 #[test]
@@ -66,6 +73,72 @@ fn a_crash_between_completion_and_commit_writes_that_checkpoint_again_exactly_on
     assert!(stderr(&out).contains("writing again the records of a completed checkpoint"), "no checkpoint was written again:\n{}", stderr(&out));
     job.assert_exactly_once();
     assert_sink_log_empty(&job);
+}
+
+/// Kafka to Kafka with one crash at `point` of checkpoint 3.
+fn kafka_to_kafka_crash_at(point: &str) {
+    let job = Job::counting(2, 30_000, 40, 0, "200ms").input_from_kafka(3, 4_000).output_to_kafka("exactly-once");
+    let marker = job.path("fault-fired");
+    let out = job.command(&[]).env("WEIR_FAULT", format!("{point}@3")).env("WEIR_FAULT_ONCE", &marker).output().unwrap();
+    assert!(out.status.success(), "crash at {point}: {}", stderr(&out));
+    assert!(marker.exists(), "the fault at {point} never fired:\n{}", stderr(&out));
+    assert!(stderr(&out).contains("restarting"), "crash at {point}: no restart was reported:\n{}", stderr(&out));
+    job.assert_exactly_once();
+    assert_sink_log_empty(&job);
+    job.assert_no_open_transaction();
+}
+
+#[test]
+fn a_crash_during_alignment_or_after_acknowledging_keeps_kafka_to_kafka_exactly_once() {
+    kafka_to_kafka_crash_at("mid-alignment");
+    kafka_to_kafka_crash_at("after-ack");
+}
+
+#[test]
+fn a_crash_after_the_progress_marker_before_its_log_entry_aborts_that_transaction() {
+    // Checkpoint 3 never completes (its log entry, hence its
+    // acknowledgement, was never written): the restore fences the slot, the
+    // broker aborts the marker with the records, and the source replays them.
+    kafka_to_kafka_crash_at("after-marker");
+}
+
+#[test]
+fn a_crash_in_the_sink_before_it_commits_a_completed_checkpoint_keeps_exactly_once() {
+    kafka_to_kafka_crash_at("before-sink-commit");
+    kafka_to_kafka_crash_at("before-commit");
+}
+
+/// The broker is down when the job starts, comes up, goes down mid-run
+/// and comes back: the job retries with backoff and the output is exactly once.
+#[test]
+fn a_broker_down_at_start_and_restarted_mid_run_costs_no_record() {
+    let broker = kafka::PrivateBroker::start();
+    let job = Job::counting(2, 30_000, 40, 0, "200ms").input_from_kafka_on(&broker.client(), 3, 3_000).output_to_kafka_on(&broker.client(), "exactly-once");
+    broker.stop();
+    let child = job.spawn(&["--max-restarts", "30"]);
+    std::thread::sleep(Duration::from_secs(4));
+    broker.resume();
+    // Until output is committed (the job got going), then take it away.
+    let start = std::time::Instant::now();
+    while broker.client().committed_records(job.kafka_output.as_ref().unwrap().1.as_str()).is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(90), "no output committed after the broker came up");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    broker.stop();
+    std::thread::sleep(Duration::from_secs(3));
+    broker.resume();
+    let out = wait_with_timeout(child, Duration::from_secs(240));
+    let err = stderr(&out);
+    assert!(out.status.success(), "weir run failed:\n{err}");
+    assert!(err.contains("restarting"), "no restart was reported:\n{err}");
+    // The clients' complaints about the missing broker are rate-limited:
+    // a line per kind every 10 s, not one per client per reconnect.
+    let complaints = err.lines().filter(|l| l.contains("librdkafka")).count();
+    println!("{complaints} lines from librdkafka in {} lines:\n{err}", err.lines().count());
+    assert!(complaints < 100, "{complaints} lines from librdkafka flood the log:\n{err}");
+    job.assert_exactly_once();
+    assert_sink_log_empty(&job);
+    job.assert_no_open_transaction();
 }
 
 #[test]
@@ -127,6 +200,20 @@ fn read_committed_never_sees_an_aborted_transaction_and_read_uncommitted_does() 
     let out = uncommitted.run(&[]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(values(&uncommitted, "n"), (0..10).collect::<Vec<_>>());
+}
+
+/// The check the sink tests make after a run sees an open transaction.
+#[test]
+fn an_open_transaction_holds_its_partition_until_it_ends() {
+    let broker = kafka::Broker::shared();
+    let topic = kafka::topic("open");
+    broker.create_topic(&topic, 2);
+    broker.produce(&topic, &numbered(0..3), Some(true));
+    assert!(broker.partitions_held_by_open_transactions(&topic).is_empty());
+    let open = broker.open_transaction(&topic, &numbered(3..5));
+    assert_eq!(broker.partitions_held_by_open_transactions(&topic), [0]);
+    rdkafka::producer::Producer::abort_transaction(&open, Duration::from_secs(30)).unwrap();
+    assert!(broker.partitions_held_by_open_transactions(&topic).is_empty());
 }
 
 #[test]

@@ -192,6 +192,9 @@ impl Transactional {
             let id = format!("weir:{}:{}:{}:{checkpoint_id}", self.job, self.run_id, self.subtask);
             let producer = &self.slots[s].producer;
             let marker_offset = mark(producer, &self.spec.progress_topic, &id, &self.context())?;
+            // The marker is on the broker, its log entry not yet written:
+            // the restore must abort this transaction, not look for a log.
+            crate::fault::crash_point("after-marker", checkpoint_id);
             let batch = arrow::compute::concat_batches(&self.schema, &self.buffer).map_err(Error::arrow("kafka sink: collecting the log entry"))?;
             self.buffer.clear();
             let name = format!("{}-{:03}-{checkpoint_id:012}.arrow", self.run_id, self.subtask);
@@ -236,7 +239,7 @@ impl Transactional {
         let from = entries.iter().map(|e| e.marker_offset).min().unwrap_or(0);
         let mut config = kafka::client_config(&self.spec.bootstrap_servers, &format!("weir-{}-{}-settle", self.job, self.subtask), &Default::default());
         config.set("isolation.level", "read_committed").set("enable.auto.commit", "false").set("group.id", "weir-sink").set("auto.offset.reset", "earliest");
-        let consumer: BaseConsumer = config.create().map_err(|e| kafka::error(&context, e))?;
+        let consumer: BaseConsumer<kafka::Quiet> = config.create_with_context(kafka::Quiet).map_err(|e| kafka::error(&context, e))?;
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(topic, 0, Offset::Offset(from)).map_err(|e| kafka::error(&context, e))?;
         consumer.assign(&tpl).map_err(|e| kafka::error(&context, e))?;
@@ -332,7 +335,7 @@ fn commit_error(context: &str, entry: &KafkaLogEntry, e: KafkaError) -> Error {
 async fn ensure_progress_topic(spec: &KafkaSinkSpec) -> Result<()> {
     let context = format!("kafka sink: creating the progress topic {}", spec.progress_topic);
     let config = kafka::client_config(&spec.bootstrap_servers, "weir-admin", &Default::default());
-    let admin: AdminClient<_> = config.create().map_err(|e| kafka::error(&context, e))?;
+    let admin: AdminClient<kafka::Quiet> = config.create_with_context(kafka::Quiet).map_err(|e| kafka::error(&context, e))?;
     let topic = NewTopic::new(&spec.progress_topic, 1, TopicReplication::Fixed(-1));
     let results = admin
         .create_topics([&topic], &AdminOptions::new().request_timeout(Some(REQUEST_TIMEOUT)))

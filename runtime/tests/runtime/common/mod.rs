@@ -32,8 +32,9 @@ pub struct Job {
     /// The sink's table when it writes to PostgreSQL (see
     /// [`Job::output_to_postgres`]): the server's port and the table.
     pub pg_output: Option<(u16, String)>,
-    /// The sink's topic when it writes to Kafka (see [`Job::output_to_kafka`]).
-    pub kafka_output: Option<String>,
+    /// The sink's broker and topic when it writes to Kafka (see
+    /// [`Job::output_to_kafka`]).
+    pub kafka_output: Option<(kafka::Broker, String)>,
 }
 
 impl Job {
@@ -92,38 +93,58 @@ impl Job {
         self
     }
 
-    /// Writes the sink's output to a new topic of the test broker (three
-    /// partitions, keyed by `key`) instead of `out/eo`, with `guarantee`.
-    pub fn output_to_kafka(mut self, guarantee: &str) -> Job {
+    /// Writes the sink's output to a new topic of the shared test broker
+    /// (three partitions, keyed by `key`) instead of `out/eo`, with `guarantee`.
+    pub fn output_to_kafka(self, guarantee: &str) -> Job {
+        self.output_to_kafka_on(&kafka::Broker::shared(), guarantee)
+    }
+
+    /// [`Job::output_to_kafka`] on `broker`.
+    pub fn output_to_kafka_on(mut self, broker: &kafka::Broker, guarantee: &str) -> Job {
         let topic = kafka::topic("eo-out");
-        kafka::create_topic(&topic, 3);
+        broker.create_topic(&topic, 3);
         let yaml = std::fs::read_to_string(self.path("pipeline.yaml")).unwrap();
         let file_sink = "sink:\n  file:\n    path: out/eo\n    format: jsonl\n    guarantee: exactly-once\n";
         assert!(yaml.contains(file_sink), "the pipeline's sink is not the file sink of out/eo");
-        let sink = format!("sink:\n  kafka:\n    bootstrap_servers: {}\n    topic: {topic}\n    key: key\n    guarantee: {guarantee}\n    progress_topic: {topic}-progress\n", kafka::bootstrap());
+        let sink = format!("sink:\n  kafka:\n    bootstrap_servers: {}\n    topic: {topic}\n    key: key\n    guarantee: {guarantee}\n    progress_topic: {topic}-progress\n", broker.addr);
         self.write_pipeline(&yaml.replace(file_sink, &sink));
-        self.kafka_output = Some(topic);
+        self.kafka_output = Some((broker.clone(), topic));
         self
     }
 
-    /// Reads the events from a new topic of the test broker with
+    /// Reads the events from a new topic of the shared test broker with
     /// `partitions` partitions, filled with the generator's events before
     /// the job starts, instead of from the generator, at most `rate`
     /// messages per second (0: unlimited); the source stops at the end of
     /// every partition.
     pub fn input_from_kafka(self, partitions: i32, rate: u64) -> Job {
+        self.input_from_kafka_on(&kafka::Broker::shared(), partitions, rate)
+    }
+
+    /// [`Job::input_from_kafka`] on `broker`.
+    pub fn input_from_kafka_on(self, broker: &kafka::Broker, partitions: i32, rate: u64) -> Job {
         let topic = kafka::topic("eo-in");
-        kafka::create_topic(&topic, partitions);
-        kafka::produce_events(&topic, self.events, self.keys, partitions);
+        broker.create_topic(&topic, partitions);
+        broker.produce_events(&topic, self.events, self.keys, partitions);
         let yaml = std::fs::read_to_string(self.path("pipeline.yaml")).unwrap();
         let start = yaml.find("source:\n  generator:\n").expect("the pipeline reads the generator");
         let end = start + yaml[start..].find("steps:").expect("steps follow the source");
         let source = format!(
             "source:\n  kafka:\n    bootstrap_servers: {}\n    topic: {topic}\n    schema: {{seq: int64, key: int64, value: int64}}\n    stop: end\n    batch_size: 256\n    rate: {rate}\n",
-            kafka::bootstrap()
+            broker.addr
         );
         self.write_pipeline(&format!("{}{source}{}", &yaml[..start], &yaml[end..]));
         self
+    }
+
+    /// Fails if an open transaction holds any partition of the Kafka output
+    /// (a sink that left one behind blocks every read_committed reader).
+    pub fn assert_no_open_transaction(&self) {
+        let (broker, topic) = self.kafka_output.as_ref().expect("the job writes to Kafka");
+        for t in [topic.clone(), format!("{topic}-progress")] {
+            let held = broker.partitions_held_by_open_transactions(&t);
+            assert!(held.is_empty(), "open transactions hold partitions {held:?} of {t}");
+        }
     }
 
     /// The keys of every object under the S3 output's prefix (markers included).
@@ -192,7 +213,8 @@ impl Job {
     pub fn command(&self, extra: &[&str]) -> Command {
         let mut c = Command::new(WEIR);
         c.current_dir(self.dir.path()).arg("run").arg("pipeline.yaml").args(["--state-dir", &self.state]).args(extra);
-        c.env("RUST_LOG", "warn").envs(self.env.iter().map(|(k, v)| (k, v)));
+        // WEIR_TEST_RUST_LOG=info shows a test's job in detail.
+        c.env("RUST_LOG", std::env::var("WEIR_TEST_RUST_LOG").unwrap_or_else(|_| "warn".into())).envs(self.env.iter().map(|(k, v)| (k, v)));
         c
     }
 
@@ -200,7 +222,9 @@ impl Job {
         use std::os::unix::process::CommandExt;
         let mut c = self.command(extra);
         c.stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
-        c.spawn().unwrap()
+        let mut child = c.spawn().unwrap();
+        drain_output(&mut child);
+        child
     }
 
     pub fn run(&self, extra: &[&str]) -> Output {
@@ -223,8 +247,8 @@ impl Job {
         if let Some((port, table)) = &self.pg_output {
             return postgres::rows_at(*port, table);
         }
-        if let Some(topic) = &self.kafka_output {
-            return kafka::committed_records(topic);
+        if let Some((broker, topic)) = &self.kafka_output {
+            return broker.committed_records(topic);
         }
         let mut out = Vec::new();
         if let Some((bucket, _)) = &self.s3_output {
@@ -375,16 +399,47 @@ pub fn kill_group(pgid: u32) {
     }
 }
 
+type Drained = (std::thread::JoinHandle<Vec<u8>>, std::thread::JoinHandle<Vec<u8>>);
+
+/// Readers of spawned children's stdout and stderr, by pid.
+fn drained() -> &'static std::sync::Mutex<std::collections::HashMap<u32, Drained>> {
+    static DRAINED: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<u32, Drained>>> = std::sync::OnceLock::new();
+    DRAINED.get_or_init(Default::default)
+}
+
+/// Reads a child's stdout and stderr while it runs: a child that writes
+/// more than a pipe holds (64 KiB, e.g. a client library logging every
+/// failed connection while a broker is down) would otherwise block on its
+/// next write until the test reads, and seem to hang.
+fn drain_output(child: &mut Child) {
+    fn read_all(mut r: impl std::io::Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = r.read_to_end(&mut buf);
+            buf
+        })
+    }
+    let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else { return };
+    drained().lock().unwrap().insert(child.id(), (read_all(out), read_all(err)));
+}
+
+/// Waits for `child` and collects what it printed.
+fn output_of(mut child: Child) -> Output {
+    let Some((out, err)) = drained().lock().unwrap().remove(&child.id()) else { return child.wait_with_output().unwrap() };
+    let status = child.wait().unwrap();
+    Output { status, stdout: out.join().unwrap(), stderr: err.join().unwrap() }
+}
+
 /// Waits for a child with a deadline; kills its group on timeout.
 pub fn wait_with_timeout(mut child: Child, limit: Duration) -> Output {
     let start = Instant::now();
     loop {
         if let Some(_) = child.try_wait().unwrap() {
-            return child.wait_with_output().unwrap();
+            return output_of(child);
         }
         if start.elapsed() > limit {
             kill_group(child.id());
-            let out = child.wait_with_output().unwrap();
+            let out = output_of(child);
             panic!("weir run did not finish within {limit:?}; stderr:\n{}", String::from_utf8_lossy(&out.stderr));
         }
         std::thread::sleep(Duration::from_millis(50));
