@@ -1,6 +1,7 @@
 //! A Kafka broker for `weir-bench sinks` (the project's `e2e/kafka/broker`,
-//! Apache Kafka in KRaft mode), topics, and the read-back count that checks
-//! a run delivered every record once.
+//! Apache Kafka in KRaft mode), topics, the input of the Kafka → Kafka
+//! row, and the read-back count that checks a run delivered every record
+//! once.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -11,6 +12,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 pub struct Broker {
@@ -56,6 +58,31 @@ impl Broker {
         for r in rt.block_on(admin.create_topics([&NewTopic::new(name, partitions, TopicReplication::Fixed(1))], &AdminOptions::new()))? {
             r.map_err(|(t, e)| anyhow::anyhow!("creating topic {t}: {e}"))?;
         }
+        Ok(())
+    }
+
+    /// `events` JSON messages `{"seq","key","value"}` (what the generator
+    /// source makes), spread over `partitions` by key, acknowledged by the
+    /// broker before this returns.
+    pub fn produce_events(&self, topic: &str, events: u64, keys: u64, partitions: i32) -> Result<()> {
+        let producer: BaseProducer = self.config().set("linger.ms", "20").set("queue.buffering.max.messages", "1000000").create()?;
+        for seq in 0..events {
+            let key = seq % keys.max(1);
+            let value = format!(r#"{{"seq":{seq},"key":{key},"value":{seq}}}"#);
+            let mut record = BaseRecord::<(), str>::to(topic).payload(&value).partition((key % partitions as u64) as i32);
+            loop {
+                match producer.send(record) {
+                    Ok(()) => break,
+                    Err((KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), r)) => {
+                        record = r;
+                        producer.poll(Duration::from_millis(50));
+                    }
+                    Err((e, _)) => bail!("producing the input to {topic}: {e}"),
+                }
+            }
+            producer.poll(Duration::ZERO);
+        }
+        producer.flush(Duration::from_secs(120)).with_context(|| format!("flushing the input to {topic}"))?;
         Ok(())
     }
 

@@ -1,7 +1,10 @@
 //! The exactly-once sinks side by side: the file sink on local disk, the
 //! PostgreSQL sink in each of its modes and the Kafka sink (exactly-once,
 //! and at-least-once for the price of exactly-once), on the same pipeline,
-//! interleaved round by round so that machine noise hits them alike.
+//! interleaved round by round so that machine noise hits them alike; and
+//! the canonical end-to-end case, Kafka source → exactly-once Kafka sink,
+//! reading the same events from a topic filled before the run (outside
+//! the time measured).
 //!
 //! A throwaway PostgreSQL (Debian's binaries, `initdb` in a temporary
 //! directory, run as nobody when the bench runs as root) and a Kafka broker
@@ -31,7 +34,7 @@ pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Options>> 
             "--rounds" => o.rounds = num("--rounds")? as usize,
             "-h" | "--help" => {
                 println!(
-                    "weir-bench sinks: the exactly-once sinks side by side (file on local disk; PostgreSQL two-phase-commit, write-ahead-log, upsert; Kafka exactly-once and at-least-once)\n\nOptions:\n  --events N    events per run (default 2000000)\n  --keys K      distinct keys (default 10000; the upsert table's rows)\n  --rounds R    runs per sink (default 3); medians are reported"
+                    "weir-bench sinks: the exactly-once sinks side by side (file on local disk; PostgreSQL two-phase-commit, write-ahead-log, upsert; Kafka exactly-once and at-least-once; Kafka source → Kafka exactly-once)\n\nOptions:\n  --events N    events per run (default 2000000)\n  --keys K      distinct keys (default 10000; the upsert table's rows)\n  --rounds R    runs per sink (default 3); medians are reported"
                 );
                 return Ok(None);
             }
@@ -139,7 +142,18 @@ struct Sample {
     checkpoints: u64,
 }
 
-const SINKS: [&str; 6] = ["file (local disk)", "postgres two-phase-commit", "postgres write-ahead-log", "postgres upsert", "kafka exactly-once", "kafka at-least-once"];
+const SINKS: [&str; 7] = [
+    "file (local disk)",
+    "postgres two-phase-commit",
+    "postgres write-ahead-log",
+    "postgres upsert",
+    "kafka exactly-once",
+    "kafka at-least-once",
+    "kafka source → kafka exactly-once",
+];
+
+/// The row that reads its input from Kafka instead of the generator.
+const KAFKA_TO_KAFKA: usize = 6;
 
 fn run_once(weir: &PathBuf, o: &Options, pg: &Postgres, broker: &super::kafka::Broker, which: usize, round: usize) -> Result<Sample> {
     let dir = super::tempfile_dir()?;
@@ -151,18 +165,28 @@ fn run_once(weir: &PathBuf, o: &Options, pg: &Postgres, broker: &super::kafka::B
     if which >= 4 {
         broker.create_topic(&table, 2)?;
     }
+    let source = if which == KAFKA_TO_KAFKA {
+        let input = format!("{table}-in");
+        broker.create_topic(&input, 2)?;
+        broker.produce_events(&input, o.events, o.keys, 2)?;
+        format!(
+            "kafka:\n    bootstrap_servers: {}\n    topic: {input}\n    schema: {{seq: int64, key: int64, value: int64}}\n    stop: end\n    batch_size: 1024",
+            broker.bootstrap
+        )
+    } else {
+        format!("generator:\n    events: {}\n    keys: {}\n    rate: 0\n    batch_size: 1024", o.events, o.keys)
+    };
     let connection = format!("host=127.0.0.1 port={} dbname=bench user=weir", pg.port);
     let sink = match which {
         0 => "file:\n    path: out\n    guarantee: exactly-once".to_string(),
         1 => format!("postgres:\n    connection: {connection}\n    table: {table}\n    mode: two-phase-commit"),
         2 => format!("postgres:\n    connection: {connection}\n    table: {table}\n    mode: write-ahead-log"),
         3 => format!("postgres:\n    connection: {connection}\n    table: {table}\n    mode: upsert\n    key: [key]"),
-        4 => format!("kafka:\n    bootstrap_servers: {}\n    topic: {table}\n    key: key\n    progress_topic: {table}-progress", broker.bootstrap),
+        4 | KAFKA_TO_KAFKA => format!("kafka:\n    bootstrap_servers: {}\n    topic: {table}\n    key: key\n    progress_topic: {table}-progress", broker.bootstrap),
         _ => format!("kafka:\n    bootstrap_servers: {}\n    topic: {table}\n    key: key\n    guarantee: at-least-once", broker.bootstrap),
     };
     let yaml = format!(
-        "name: sinks\nparallelism: 2\ncheckpoint:\n  interval: 1s\nsource:\n  generator:\n    events: {}\n    keys: {}\n    rate: 0\n    batch_size: 1024\nsteps:\n  - key_by: key\n  - running_count: count\nsink:\n  {sink}\n",
-        o.events, o.keys
+        "name: sinks\nparallelism: 2\ncheckpoint:\n  interval: 1s\nsource:\n  {source}\nsteps:\n  - key_by: key\n  - running_count: count\nsink:\n  {sink}\n"
     );
     std::fs::write(dir.join("p.yaml"), yaml)?;
     let t0 = Instant::now();
@@ -206,7 +230,7 @@ pub fn run(o: &Options) -> Result<()> {
             samples[i].push(run_once(&weir, o, &pg, &broker, i, round)?);
         }
     }
-    println!("events per run: {}, keys: {}, parallelism 2, checkpoints every 1s to local disk, rounds: {}; PostgreSQL {} with durable commits and a one-node Kafka 4.4 broker (topics of 2 partitions) on the same machine", o.events, o.keys, o.rounds, pg.psql("bench", "SHOW server_version")?);
+    println!("events per run: {}, keys: {}, parallelism 2, checkpoints every 1s to local disk, rounds: {}; PostgreSQL {} with durable commits and a one-node Kafka 4.4 broker (topics of 2 partitions) on the same machine; the Kafka → Kafka row reads the same events from a topic filled before the run", o.events, o.keys, o.rounds, pg.psql("bench", "SHOW server_version")?);
     println!("| sink | records/s (wall, median) | checkpoints | throughput vs. file |");
     println!("|---|---|---|---|");
     let mut base = 0.0;

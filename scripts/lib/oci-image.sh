@@ -81,8 +81,8 @@ oci_users() { # dir
 }
 
 # Copy a release binary into DIR/usr/local/bin, stripped. Debug information
-# stays beside the image archive as NAME.debug (linked by build id), so a
-# 500 MB binary with line tables becomes a few tens of MB in the image.
+# stays beside the image archive as NAME.debug (linked by build id): the
+# symbol table, and the debug information when the release profile has any.
 oci_add_binary() { # dir binary [debug-dir]
 	local dir=$1 bin=$2 debug_dir=${3:-} name
 	name=$(basename "$bin")

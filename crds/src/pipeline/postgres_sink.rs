@@ -40,9 +40,9 @@ pub enum PostgresMode {
     TwoPhaseCommit,
     /// Exactly-once: a checkpoint's records go to a log in checkpoint
     /// storage at the barrier, and into the table when the checkpoint
-    /// completes, in one transaction with an acknowledgement row in
-    /// `weir_sink_acks` (created in the table's schema) that makes a
-    /// repeated write a no-op. Nothing stays open in the database between
+    /// completes, in one transaction that moves the subtask's mark in
+    /// `weir_sink_progress` (created in the table's schema; one row per
+    /// subtask and run), which makes a repeated write a no-op. Nothing stays open in the database between
     /// checkpoints; every record is written twice.
     WriteAheadLog,
     /// Rows are written at once with `INSERT … ON CONFLICT (key) DO UPDATE`.

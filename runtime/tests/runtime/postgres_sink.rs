@@ -133,8 +133,37 @@ fn worker_kills_with_a_write_ahead_log_postgres_sink_keep_exactly_once() {
     run_with_worker_kills(&job);
     job.assert_exactly_once();
     assert_write_ahead_log_empty(&job);
-    let acks: u64 = pg.psql("SELECT count(*) FROM weir_sink_acks").trim().parse().unwrap();
-    assert!(acks > 0, "no log entry was acknowledged");
+    let writers: u64 = pg.psql("SELECT count(*) FROM weir_sink_progress").trim().parse().unwrap();
+    assert!(writers > 0, "no log entry was acknowledged");
+}
+
+/// Acknowledgements do not pile up with time: after a run of many
+/// checkpoints the progress table holds one row per subtask, each at the
+/// newest checkpoint that subtask wrote.
+#[test]
+fn the_write_ahead_logs_progress_table_keeps_one_row_per_subtask_however_many_checkpoints() {
+    let pg = postgres::Server::start();
+    let job = write_ahead_job(&pg, 2, 150_000, 13, "50ms");
+    let out = job.run(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    job.assert_exactly_once();
+    assert_write_ahead_log_empty(&job);
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).expect("the run's summary");
+    let completed = summary["checkpoints"].as_u64().unwrap_or_else(|| panic!("no checkpoints in the summary {summary}"));
+    assert!(completed >= 20, "only {completed} checkpoints completed: too few to show that rows do not pile up");
+    let rows = pg.psql("SELECT writer, checkpoint FROM weir_sink_progress ORDER BY writer");
+    let rows: Vec<(String, u64)> = rows
+        .lines()
+        .map(|l| {
+            let (w, c) = l.rsplit_once('|').unwrap_or_else(|| panic!("unexpected psql row {l:?}"));
+            (w.trim().to_string(), c.trim().parse().unwrap())
+        })
+        .collect();
+    assert_eq!(rows.len(), 2, "one row per subtask expected after {completed} checkpoints: {rows:?}");
+    for (subtask, (writer, checkpoint)) in rows.iter().enumerate() {
+        assert!(writer.starts_with("weir:eo-test:") && writer.ends_with(&format!(":{subtask}")), "{writer}");
+        assert!(*checkpoint as f64 >= completed as f64 * 0.5, "subtask {subtask}'s mark {checkpoint} is far behind {completed} checkpoints");
+    }
 }
 
 #[test]

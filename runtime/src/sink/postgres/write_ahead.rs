@@ -5,14 +5,23 @@
 //! (`<state>/<job>/wal/<run>-<subtask>-<checkpoint>.arrow`, Arrow IPC, size
 //! and CRC recorded), and the entry is the sink's checkpointed state.
 //! Nothing reaches the table before the checkpoint completes. Then the
-//! entry is written in one transaction that also inserts its id into the
-//! acknowledgement table `weir_sink_acks` (in the table's schema): the
+//! entry is written in one transaction that also acknowledges it in the
+//! progress table `weir_sink_progress` (in the table's schema): the
 //! acknowledgement commits with the rows or not at all, so a crash at any
-//! moment either left both or neither, and a retried entry whose
-//! acknowledgement exists is skipped. The window in which the generic
-//! write-ahead-log sink may write a batch twice (after the write, before
-//! the acknowledgement) does not exist on PostgreSQL: the database is
+//! moment either left both or neither, and a retried entry that is
+//! acknowledged is skipped. The window in which the generic write-ahead-log
+//! sink may write a batch twice (after the write, before the
+//! acknowledgement) does not exist on PostgreSQL: the database is
 //! transactional, and the acknowledgement is part of the write.
+//!
+//! The acknowledgement is a high-water mark, not a row per entry: one row
+//! per writer (job, run and subtask) holding the newest checkpoint whose
+//! entry it wrote. A writer writes its entries in checkpoint order and
+//! skips none, so "entry `c` of writer `w` is written" is exactly
+//! `checkpoint(w) >= c`, and the table holds one row per subtask of each
+//! run a retained snapshot still refers to, however long the job runs (a
+//! row per entry grew by one row per subtask every checkpoint, 345,600 a
+//! day at one-second checkpoints and parallelism 4).
 //!
 //! Unlike two-phase commit, nothing stays open in the database between the
 //! barrier and the completion (no prepared transaction holding locks or the
@@ -38,14 +47,17 @@ use crate::error::{Error, Result};
 use crate::sink::{SinkRestore, SinkState};
 use crate::worker::restore::encode_state;
 
-/// The acknowledgement table, created in the sink table's schema.
-pub const ACK_TABLE: &str = "weir_sink_acks";
+/// The progress table, created in the sink table's schema: per writer
+/// (`weir:<job>:<run>:<subtask>`), the newest checkpoint whose log entry
+/// is in the table.
+pub const PROGRESS_TABLE: &str = "weir_sink_progress";
 
 /// A log entry waiting for its checkpoint to complete.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct LogEntry {
     pub checkpoint: u64,
-    /// `weir:<job>:<run>:<subtask>:<checkpoint>`, its acknowledgement's key.
+    /// `weir:<job>:<run>:<subtask>:<checkpoint>`: its writer (all but the
+    /// last part) and checkpoint, as acknowledged in the progress table.
     pub id: String,
     /// The entry's file in the job's `wal` directory.
     pub file: StateFile,
@@ -69,33 +81,55 @@ pub struct WriteAheadLog {
     pending: Vec<(LogEntry, Option<RecordBatch>)>,
 }
 
+impl LogEntry {
+    /// The writer whose progress row acknowledges this entry:
+    /// `weir:<job>:<run>:<subtask>`.
+    fn writer(&self) -> &str {
+        writer_of(&self.id)
+    }
+}
+
+/// An entry id without its checkpoint: the writer's key in the progress table.
+fn writer_of(id: &str) -> &str {
+    id.rsplit_once(':').map_or(id, |(writer, _)| writer)
+}
+
 impl WriteAheadLog {
     pub async fn open(spec: &PostgresSinkSpec, schema: &Schema, job: &str, subtask: u32, run_id: &str, log: Location, restore: SinkRestore<'_>) -> Result<Self> {
         let client = connect(spec, "writer").await?;
         let table = Table::check(&client, spec, schema).await?;
-        let acks = ack_table(spec);
-        if let Err(e) = client.batch_execute(&format!("CREATE TABLE IF NOT EXISTS {acks} (id text PRIMARY KEY, written_at timestamptz NOT NULL DEFAULT now())")).await {
+        let progress = progress_table(spec);
+        let create = format!("CREATE TABLE IF NOT EXISTS {progress} (writer text PRIMARY KEY, checkpoint bigint NOT NULL, written_at timestamptz NOT NULL DEFAULT now())");
+        if let Err(e) = client.batch_execute(&create).await {
             // `IF NOT EXISTS` does not cover another subtask creating it at
             // the same moment (the catalog answers 23505, 42P07 or 42710):
             // what counts is whether the table exists now.
             let exists: Option<u32> = client
-                .query_one("SELECT to_regclass($1)::oid", &[&acks])
+                .query_one("SELECT to_regclass($1)::oid", &[&progress])
                 .await
-                .map_err(failed(format!("postgres sink: looking up the acknowledgement table {acks}")))?
+                .map_err(failed(format!("postgres sink: looking up the progress table {progress}")))?
                 .get(0);
             if exists.is_none() {
-                return Err(failed(format!("postgres sink: creating the acknowledgement table {acks} (write-ahead-log mode needs it; grant CREATE on the schema or create it)"))(e));
+                return Err(failed(format!("postgres sink: creating the progress table {progress} (write-ahead-log mode needs it; grant CREATE on the schema or create it as `{create}`)"))(e));
             }
         }
         let insert = client.prepare(&table.insert_from_arrays()).await.map_err(failed(format!("postgres sink: preparing the insert into {}", table.name)))?;
+        // Moves the writer's mark up to the entry's checkpoint; no row
+        // changes when the mark is there already (the entry was written).
+        // A concurrent writer of the same entry waits on the row lock and
+        // then sees the mark moved.
         let acknowledge = client
-            .prepare(&format!("INSERT INTO {acks} (id) VALUES ($1) ON CONFLICT (id) DO NOTHING"))
+            .prepare(&format!(
+                "INSERT INTO {progress} AS p (writer, checkpoint) VALUES ($1, $2) \
+                 ON CONFLICT (writer) DO UPDATE SET checkpoint = EXCLUDED.checkpoint, written_at = now() \
+                 WHERE p.checkpoint < EXCLUDED.checkpoint"
+            ))
             .await
-            .map_err(failed(format!("postgres sink: preparing the acknowledgement in {acks}")))?;
+            .map_err(failed(format!("postgres sink: preparing the acknowledgement in {progress}")))?;
         let is_acknowledged = client
-            .prepare(&format!("SELECT 1 FROM {acks} WHERE id = $1"))
+            .prepare(&format!("SELECT 1 FROM {progress} WHERE writer = $1 AND checkpoint >= $2"))
             .await
-            .map_err(failed(format!("postgres sink: preparing the acknowledgement lookup in {acks}")))?;
+            .map_err(failed(format!("postgres sink: preparing the acknowledgement lookup in {progress}")))?;
         let mut sink = WriteAheadLog {
             client,
             insert,
@@ -116,7 +150,7 @@ impl WriteAheadLog {
             sink.write_entry(entry, None).await?;
         }
         if let Some(keep) = restore.keep {
-            discard_unreferenced(&sink.client, &sink.log, &acks, job, run_id, keep).await?;
+            discard_unreferenced(&sink.client, &sink.log, &progress, job, run_id, keep).await?;
         }
         Ok(sink)
     }
@@ -158,7 +192,11 @@ impl WriteAheadLog {
         let batch = match batch {
             Some(b) => Some(b),
             None => {
-                let written = self.client.query_opt(&self.is_acknowledged, &[&entry.id]).await.map_err(failed(context("looking up")))?;
+                let written = self
+                    .client
+                    .query_opt(&self.is_acknowledged, &[&entry.writer(), &checkpoint_param(entry)?])
+                    .await
+                    .map_err(failed(context("looking up")))?;
                 match written {
                     Some(_) => None,
                     None => Some(self.read_entry(entry).await?),
@@ -167,7 +205,7 @@ impl WriteAheadLog {
         };
         if let Some(batch) = batch {
             let tx = self.client.transaction().await.map_err(failed(context("beginning the transaction of")))?;
-            if tx.execute(&self.acknowledge, &[&entry.id]).await.map_err(failed(context("acknowledging")))? == 0 {
+            if tx.execute(&self.acknowledge, &[&entry.writer(), &checkpoint_param(entry)?]).await.map_err(failed(context("acknowledging")))? == 0 {
                 tracing::debug!(entry = %entry.id, "log entry written before");
             } else {
                 let arrays = column_arrays(&batch)?;
@@ -187,32 +225,55 @@ impl WriteAheadLog {
     }
 }
 
+/// The entry's checkpoint as PostgreSQL's `bigint`.
+fn checkpoint_param(entry: &LogEntry) -> Result<i64> {
+    i64::try_from(entry.checkpoint).map_err(|_| Error::Postgres {
+        context: format!("postgres sink: log entry {}", entry.id),
+        code: None,
+        message: format!("checkpoint {} does not fit PostgreSQL's bigint", entry.checkpoint),
+    })
+}
+
 /// Deletes job `job`'s log files of runs other than `run_id` that no
-/// retained snapshot references (`keep`), and their acknowledgements: no
-/// restore will write those entries again.
-async fn discard_unreferenced(client: &Client, log: &Location, acks: &str, job: &str, run_id: &str, keep: &HashSet<String>) -> Result<()> {
+/// retained snapshot references (`keep`), and the progress rows of writers
+/// none of whose entries a retained snapshot references: no restore will
+/// write those entries again.
+async fn discard_unreferenced(client: &Client, log: &Location, progress: &str, job: &str, run_id: &str, keep: &HashSet<String>) -> Result<()> {
     crate::sink::discard_unreferenced_log_files(log, run_id, keep, "postgres").await?;
-    let keep: Vec<&str> = keep.iter().map(String::as_str).filter(|k| k.starts_with("weir:")).collect();
+    let writers: HashSet<&str> = keep.iter().filter(|k| k.starts_with("weir:")).map(|k| writer_of(k)).collect();
+    let writers: Vec<&str> = writers.into_iter().collect();
     client
         .execute(
-            &format!("DELETE FROM {acks} WHERE starts_with(id, $1) AND NOT starts_with(id, $2) AND NOT (id = ANY($3))"),
-            &[&job_prefix(job), &format!("{}{run_id}:", job_prefix(job)), &keep],
+            &format!("DELETE FROM {progress} WHERE starts_with(writer, $1) AND NOT starts_with(writer, $2) AND NOT (writer = ANY($3))"),
+            &[&job_prefix(job), &format!("{}{run_id}:", job_prefix(job)), &writers],
         )
         .await
-        .map_err(failed(format!("postgres sink: deleting acknowledgements no snapshot needs from {acks}")))?;
+        .map_err(failed(format!("postgres sink: deleting progress rows no snapshot needs from {progress}")))?;
     Ok(())
 }
 
 /// Once a job has finished: [`discard_unreferenced`] on a connection of its own.
 pub async fn discard_after_finish(spec: &PostgresSinkSpec, log: &Location, job: &str, run_id: &str, keep: &HashSet<String>) -> Result<()> {
     let client = connect(spec, "clean-up").await?;
-    discard_unreferenced(&client, log, &ack_table(spec), job, run_id, keep).await
+    discard_unreferenced(&client, log, &progress_table(spec), job, run_id, keep).await
 }
 
-/// The acknowledgement table's name in SQL: in the sink table's schema.
-fn ack_table(spec: &PostgresSinkSpec) -> String {
+/// The progress table's name in SQL: in the sink table's schema.
+fn progress_table(spec: &PostgresSinkSpec) -> String {
     match spec.table.split_once('.') {
-        Some((schema, _)) => format!("{}.{}", quote_ident(schema), quote_ident(ACK_TABLE)),
-        None => quote_ident(ACK_TABLE),
+        Some((schema, _)) => format!("{}.{}", quote_ident(schema), quote_ident(PROGRESS_TABLE)),
+        None => quote_ident(PROGRESS_TABLE),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::writer_of;
+
+    #[test]
+    fn an_entry_is_acknowledged_under_its_writer_without_the_checkpoint() {
+        assert_eq!(writer_of("weir:job:0a1b:2:17"), "weir:job:0a1b:2");
+        // A job name may contain colons; the checkpoint is always last.
+        assert_eq!(writer_of("weir:a:b:0a1b:0:3"), "weir:a:b:0a1b:0");
     }
 }
