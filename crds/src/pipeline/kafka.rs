@@ -179,7 +179,7 @@ const SOURCE_OWNED: &[(&str, &str)] = &[
 
 const SINK_OWNED: &[(&str, &str)] = &[
     ("bootstrap.servers", "use `bootstrap_servers`"),
-    ("transactional.id", "weir derives it from the job and the subtask"),
+    ("transactional.id", "weir derives it from the job, the subtask and the topic"),
     ("transaction.timeout.ms", "use `transaction_timeout`"),
     ("enable.idempotence", "weir sets it"),
     ("acks", "weir needs acks=all"),

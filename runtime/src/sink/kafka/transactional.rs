@@ -3,9 +3,10 @@
 //! while) its transaction commits.
 //!
 //! Each subtask writes an interval's records in one transaction on one of a
-//! few producers whose `transactional.id`s are `weir-<job>-<subtask>-<slot>`
-//! (a new run uses the same ids, so starting it fences the old run's
-//! producers and aborts their open transactions). At the barrier the sink
+//! few producers whose `transactional.id`s are
+//! `weir-<job>-<subtask>-<slot>@<topic>` (a new run uses the same ids, so
+//! starting it fences the old run's producers and aborts their open
+//! transactions). At the barrier the sink
 //! adds a *progress marker* to the transaction (a message in the progress
 //! topic keyed by the entry's id, `weir:<job>:<run>:<subtask>:<checkpoint>`),
 //! flushes, and writes the interval's records to checkpoint storage as a
@@ -89,8 +90,12 @@ pub struct Transactional {
     pending: Vec<(KafkaLogEntry, usize)>,
 }
 
-fn transactional_id(job: &str, subtask: u32, slot: usize) -> String {
-    format!("weir-{job}-{subtask}-{slot}")
+/// `weir-<job>-<subtask>-<slot>@<topic>`: stable across the job's runs, so a
+/// new run fences the old one's producers; the topic keeps two jobs that
+/// share a name (in two namespaces, or two tests at once) from fencing
+/// each other when they write to different topics.
+fn transactional_id(job: &str, topic: &str, subtask: u32, slot: usize) -> String {
+    format!("weir-{job}-{subtask}-{slot}@{topic}")
 }
 
 impl Transactional {
@@ -117,7 +122,7 @@ impl Transactional {
         // recorded, since the pool may have grown after it), and the slots
         // of the old subtasks whose state this one takes over.
         let restored_ids: BTreeSet<String> = restore.mine.iter().flat_map(|s| s.transactional_ids.iter().cloned()).collect();
-        let own = restored_ids.iter().filter(|id| id.starts_with(&format!("weir-{job}-{subtask}-"))).count().max(INITIAL_SLOTS) + 1;
+        let own = restored_ids.iter().filter(|id| id.starts_with(&format!("weir-{job}-{subtask}-")) && id.ends_with(&format!("@{}", spec.topic))).count().max(INITIAL_SLOTS) + 1;
         for slot in 0..own {
             sink.add_slot(slot).await?;
         }
@@ -148,7 +153,7 @@ impl Transactional {
     }
 
     async fn add_slot(&mut self, slot: usize) -> Result<()> {
-        let id = transactional_id(&self.job, self.subtask, slot);
+        let id = transactional_id(&self.job, &self.spec.topic, self.subtask, slot);
         let p = producer(&self.spec, &format!("weir-{}-{}", self.job, self.subtask), Some(&id))?;
         init(&p, &id)?;
         self.slots.push(Slot { transactional_id: id, producer: p });
