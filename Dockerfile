@@ -5,7 +5,7 @@
 #
 # The same images as scripts/build-images (which builds them without a
 # container daemon, as the project's own tests do): the stripped release
-# binary on a base with only glibc, libgcc, CA certificates and time zones
+# binary on a base with only glibc, libgcc, OpenSSL, CA certificates and time zones
 # (distroless cc, Debian 12, like scripts/build-images' base from Debian's
 # packages), no shell, no package manager, numeric non-root user 65532.
 # See the README, "Container images", for pushing them and pointing the chart

@@ -19,15 +19,55 @@ use crate::error::Error;
 /// (and the job is restarted by its supervisor).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Settings every weir client has, then the user's `properties` (which the
-/// pipeline parser has already checked for settings weir owns).
-pub fn client_config(bootstrap_servers: &str, client_id: &str, properties: &BTreeMap<String, String>) -> ClientConfig {
+/// The user's settings of a Kafka source or sink: `properties`, and the
+/// secret ones named in `properties_from_env`.
+#[derive(Clone, Copy)]
+pub struct UserSettings<'a> {
+    /// `source.kafka` or `sink.kafka`, for errors.
+    pub field: &'static str,
+    pub properties: &'a BTreeMap<String, String>,
+    pub from_env: &'a BTreeMap<String, String>,
+}
+
+/// Which of the user's settings a client takes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// All of them: the source's consumer, the sink's producers.
+    All,
+    /// Only how to reach and log in to the brokers (`security.protocol`,
+    /// `ssl.*`, `sasl.*` and the secrets): the clients weir adds beside
+    /// them (the dead-letter producer, the sink's admin client and
+    /// progress reader), which a consumer's or producer's tuning does not fit.
+    Connection,
+}
+
+fn is_connection_setting(key: &str) -> bool {
+    key == "security.protocol" || key.starts_with("ssl.") || key.starts_with("ssl_") || key.starts_with("sasl.")
+}
+
+/// Settings every weir client has, then the user's (which the pipeline
+/// parser has already checked for settings weir owns). The secrets are
+/// read from their environment variables here; a missing one is an error
+/// naming the setting and the variable, never a value.
+pub fn client_config(bootstrap_servers: &str, client_id: &str, user: UserSettings<'_>, scope: Scope) -> Result<ClientConfig, Error> {
     let mut config = ClientConfig::new();
     config.set("bootstrap.servers", bootstrap_servers).set("client.id", client_id);
-    for (k, v) in properties {
-        config.set(k, v);
+    for (k, v) in user.properties {
+        if scope == Scope::All || is_connection_setting(k) {
+            config.set(k, v);
+        }
     }
-    config
+    for (k, var) in user.from_env {
+        let value = std::env::var(var).map_err(|e| Error::Plan {
+            context: format!("{}.properties_from_env.{k}", user.field),
+            message: match e {
+                std::env::VarError::NotPresent => format!("the environment variable {var} is not set (on Kubernetes: spec.env with valueFrom.secretKeyRef)"),
+                std::env::VarError::NotUnicode(_) => format!("the environment variable {var} is not UTF-8 text"),
+            },
+        })?;
+        config.set(k, value);
+    }
+    Ok(config)
 }
 
 /// A producer context that keeps the first failed delivery, so that a flush
@@ -130,6 +170,12 @@ fn held_back(n: u64) -> String {
 }
 
 fn log_line(level: RDKafkaLogLevel, fac: &str, message: &str) {
+    // The broker thread logs a failed connection before it marks the
+    // broker down, so a request that fails because of it finds the refusal
+    // remembered; the error callback may come a moment after that request.
+    if fac == "FAIL" && is_refusal(message) {
+        remember_refusal(message.to_string());
+    }
     let important = matches!(level, RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error);
     if !important && !matches!(level, RDKafkaLogLevel::Warning) {
         tracing::debug!(target: "librdkafka", facility = fac, "{message}");
@@ -145,12 +191,39 @@ fn log_line(level: RDKafkaLogLevel, fac: &str, message: &str) {
     }
 }
 
+/// The last authentication or TLS failure librdkafka reported in this
+/// process. librdkafka reports it only to the error callback, and the
+/// request that was waiting for the broker then just times out; with this,
+/// that timeout is reported as what it is, and as fatal, since a restart
+/// would meet the same refusal. (librdkafka never puts a password in it.)
+/// Only a recent refusal counts, and of TLS errors only a certificate that
+/// failed verification: a broker restarting mid-handshake is no refusal.
+static REFUSAL: Mutex<Option<(Instant, String)>> = Mutex::new(None);
+
+fn remember_refusal(why: String) {
+    *lock(&REFUSAL) = Some((Instant::now(), why));
+}
+
+/// A failed connection that a retry would meet again: the brokers refused
+/// the password, or this client refused the brokers' certificate.
+fn is_refusal(message: &str) -> bool {
+    message.contains("SASL authentication error") || (message.contains("SSL handshake failed") && message.contains("certificate"))
+}
+
 fn log_error(error: KafkaError, reason: &str) {
     let code = error.rdkafka_error_code();
     // The source asks for partition ends (`stop: end`) and reads them from
     // its poll; they are no error.
     if code == Some(RDKafkaErrorCode::PartitionEOF) {
         return;
+    }
+    let refused = match code {
+        Some(RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed) => true,
+        Some(RDKafkaErrorCode::SSL) => reason.contains("certificate"),
+        _ => false,
+    };
+    if refused {
+        remember_refusal(format!("{error}: {reason}"));
     }
     let kind = code.map(|c| format!("{c:?}")).unwrap_or_else(|| "other".into());
     let Some(n) = admit(&kind) else { return };
@@ -204,5 +277,29 @@ pub fn error(context: impl Into<String>, e: KafkaError) -> Error {
             )
         ),
     };
+    let code = e.rdkafka_error_code();
+    let refused = matches!(code, Some(RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed));
+    let waited = matches!(
+        code,
+        Some(RDKafkaErrorCode::RequestTimedOut | RDKafkaErrorCode::OperationTimedOut | RDKafkaErrorCode::BrokerTransportFailure | RDKafkaErrorCode::AllBrokersDown)
+    );
+    let recent = || lock(&REFUSAL).clone().filter(|(at, _)| at.elapsed() < 2 * REQUEST_TIMEOUT).map(|(_, r)| r);
+    let mut refusal = recent();
+    // Producers and admin clients serve their callbacks on threads of
+    // their own, which may tell the refusal a moment after the request
+    // that failed because of it. A failure path: the short wait is cheap.
+    let give_up = Instant::now() + Duration::from_millis(300);
+    while !fatal && waited && refusal.is_none() && Instant::now() < give_up {
+        std::thread::sleep(Duration::from_millis(20));
+        refusal = recent();
+    }
+    if !fatal && (refused || (waited && refusal.is_some())) {
+        let why = refusal.map(|r| format!(": {r}")).unwrap_or_default();
+        return Error::Kafka {
+            context: context.into(),
+            message: format!("{e}, after the brokers refused the connection{why}; check the TLS and SASL settings (security.protocol, ssl.*, sasl.*, properties_from_env)"),
+            fatal: true,
+        };
+    }
     Error::Kafka { context: context.into(), message: e.to_string(), fatal }
 }

@@ -48,13 +48,13 @@ oci_fetch_debs() { # package...
 # The version of a cached package (for labels).
 oci_deb_version() { dpkg-deb -f "$1" Version; }
 
-# A minimal base root filesystem into DIR: the C library, libgcc, CA
-# certificates and time zones from Debian's packages; no shell, no package
+# A minimal base root filesystem into DIR: the C library, libgcc, OpenSSL's
+# libraries (librdkafka's TLS and SASL/SCRAM), CA certificates and time zones from Debian's packages; no shell, no package
 # manager. Users root (0) and nonroot (65532), a world-writable /tmp.
 oci_base_rootfs() { # dir
 	local dir=$1 deb
 	mkdir -p "$dir"
-	for deb in $(oci_fetch_debs libc6 libgcc-s1 ca-certificates tzdata); do
+	for deb in $(oci_fetch_debs libc6 libgcc-s1 libssl3 ca-certificates tzdata); do
 		dpkg-deb -x "$deb" "$dir"
 	done
 	# Documentation, locales, character-set converters and the tools inside

@@ -1,10 +1,12 @@
 //! The Kafka source and sink settings.
 //!
-//! Both talk to the brokers in plain text (TLS and SASL are not built into
-//! the runtime yet, so `security.protocol` is refused rather than ignored).
 //! `properties` passes further librdkafka settings through, except those the
 //! connector owns: they have fields of their own, or exactly-once depends on
-//! them.
+//! them. TLS and SASL are librdkafka's own settings (`security.protocol`,
+//! `ssl.*`, `sasl.*`); the secret ones (passwords, private keys) are refused
+//! in `properties` and come from environment variables named in
+//! `properties_from_env` instead, so that no pipeline file or StreamJob
+//! holds them.
 
 use std::collections::BTreeMap;
 
@@ -63,9 +65,19 @@ pub struct KafkaSourceSpec {
     /// does not crowd out other work.
     #[serde(default)]
     pub rate: u64,
-    /// Further librdkafka consumer settings, e.g. `fetch.max.bytes`.
+    /// Further librdkafka consumer settings, e.g. `fetch.max.bytes`, or TLS
+    /// and SASL: `security.protocol: SASL_SSL`, `sasl.mechanism`,
+    /// `sasl.username`, `ssl.ca.location` (secrets: `properties_from_env`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub properties: BTreeMap<String, String>,
+
+    /// librdkafka settings whose values are secrets, read from environment
+    /// variables when the job starts: setting → variable, e.g.
+    /// `sasl.password: KAFKA_PASSWORD` (on Kubernetes, set the variable from
+    /// a Secret with `spec.env[].valueFrom.secretKeyRef`). Values are never
+    /// logged or shown in errors.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub properties_from_env: BTreeMap<String, String>,
 }
 
 fn default_batch_size() -> u32 {
@@ -148,9 +160,18 @@ pub struct KafkaSinkSpec {
     /// Created with one partition if missing.
     #[serde(default = "default_progress_topic")]
     pub progress_topic: String,
-    /// Further librdkafka producer settings, e.g. `linger.ms`.
+    /// Further librdkafka producer settings, e.g. `linger.ms`, or TLS and
+    /// SASL as in the Kafka source.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub properties: BTreeMap<String, String>,
+
+    /// librdkafka settings whose values are secrets, read from environment
+    /// variables when the job starts: setting → variable, e.g.
+    /// `sasl.password: KAFKA_PASSWORD` (on Kubernetes, set the variable from
+    /// a Secret with `spec.env[].valueFrom.secretKeyRef`). Values are never
+    /// logged or shown in errors.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub properties_from_env: BTreeMap<String, String>,
 }
 
 fn exactly_once() -> Guarantee {
@@ -185,21 +206,45 @@ const SINK_OWNED: &[(&str, &str)] = &[
     ("acks", "weir needs acks=all"),
 ];
 
+/// librdkafka settings whose values are secrets: refused in `properties`,
+/// where they would sit in the pipeline file or the StreamJob.
+const SECRET_SETTINGS: &[&str] = &[
+    "sasl.password",
+    "sasl.oauthbearer.client.secret",
+    "ssl.key.password",
+    "ssl.key.pem",
+    "ssl.keystore.password",
+    "ssl_key",
+];
+
 fn validate_properties(
     src: &PipelineSource,
     field: &str,
     properties: &BTreeMap<String, String>,
+    from_env: &BTreeMap<String, String>,
     owned: &[(&str, &str)],
 ) -> Result<(), PipelineError> {
-    for key in properties.keys() {
+    for key in properties.keys().chain(from_env.keys()) {
+        let place = if properties.contains_key(key) { "properties" } else { "properties_from_env" };
         if let Some((_, why)) = owned.iter().find(|(k, _)| k == key) {
-            return Err(src.invalid(&format!("{field}.properties.{key}"), format!("weir sets `{key}` itself: {why}")));
+            return Err(src.invalid(&format!("{field}.{place}.{key}"), format!("weir sets `{key}` itself: {why}")));
         }
-        if key == "security.protocol" || key.starts_with("sasl.") || key.starts_with("ssl.") {
+    }
+    for key in properties.keys() {
+        if SECRET_SETTINGS.contains(&key.as_str()) {
             return Err(src.invalid(
                 &format!("{field}.properties.{key}"),
-                "TLS and SASL are not supported yet: weir talks to Kafka in plain text",
+                format!("`{key}` is a secret and must not be written in the pipeline: name an environment variable that holds it in `properties_from_env` ({key}: VARIABLE; on Kubernetes, set the variable from a Secret)"),
             ));
+        }
+        if from_env.contains_key(key) {
+            return Err(src.invalid(&format!("{field}.properties.{key}"), "is also in properties_from_env: set it in one of the two"));
+        }
+    }
+    for (key, var) in from_env {
+        let ok = var.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_') && var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !ok {
+            return Err(src.invalid(&format!("{field}.properties_from_env.{key}"), format!("{var:?} is not an environment variable name: expected letters, digits and `_`, not starting with a digit")));
         }
     }
     Ok(())
@@ -270,7 +315,7 @@ impl KafkaSourceSpec {
             (_, Some(_)) => return Err(src.invalid("source.kafka.start_timestamp", "is only used with `start: timestamp`")),
             (_, None) => {}
         }
-        validate_properties(src, "source.kafka", &self.properties, SOURCE_OWNED)
+        validate_properties(src, "source.kafka", &self.properties, &self.properties_from_env, SOURCE_OWNED)
     }
 }
 
@@ -305,7 +350,7 @@ impl KafkaSinkSpec {
         if self.transaction_timeout.get().as_millis() > i32::MAX as u128 {
             return Err(src.invalid("sink.kafka.transaction_timeout", "expected at most 24 days (Kafka keeps it in 32-bit milliseconds)"));
         }
-        validate_properties(src, "sink.kafka", &self.properties, SINK_OWNED)
+        validate_properties(src, "sink.kafka", &self.properties, &self.properties_from_env, SINK_OWNED)
     }
 }
 
@@ -346,8 +391,20 @@ mod tests {
         let err = parse("", "    properties: {transaction.timeout.ms: '1000'}\n").unwrap_err();
         assert!(err.contains("sink.kafka.properties.transaction.timeout.ms") && err.contains("transaction_timeout"), "{err}");
         let err = parse("    properties: {sasl.password: hunter2}\n", "").unwrap_err();
-        assert!(err.contains("TLS and SASL are not supported yet") && !err.contains("hunter2"), "{err}");
+        assert!(err.contains("source.kafka.properties.sasl.password") && err.contains("properties_from_env") && !err.contains("hunter2"), "{err}");
+        let err = parse("", "    properties_from_env: {transactional.id: TID}\n").unwrap_err();
+        assert!(err.contains("sink.kafka.properties_from_env.transactional.id"), "{err}");
         assert!(parse("    properties: {fetch.max.bytes: '1048576'}\n", "    properties: {linger.ms: '5'}\n").is_ok());
+    }
+
+    #[test]
+    fn tls_and_sasl_settings_pass_and_their_secrets_come_from_named_environment_variables() {
+        let tls = "    properties: {security.protocol: SASL_SSL, sasl.mechanism: SCRAM-SHA-512, sasl.username: weir, ssl.ca.location: /etc/kafka/ca.pem}\n    properties_from_env: {sasl.password: KAFKA_PASSWORD}\n";
+        assert!(parse(tls, tls).is_ok());
+        let err = parse("    properties_from_env: {sasl.password: 9LIVES}\n", "").unwrap_err();
+        assert!(err.contains("source.kafka.properties_from_env.sasl.password") && err.contains("not an environment variable name"), "{err}");
+        let err = parse("", "    properties: {sasl.username: a}\n    properties_from_env: {sasl.username: USER}\n").unwrap_err();
+        assert!(err.contains("sink.kafka.properties.sasl.username") && err.contains("one of the two"), "{err}");
     }
 
     #[test]

@@ -13,7 +13,11 @@ pub struct PostgresSinkSpec {
     /// dbname=D user=U` or `postgresql://U@H:P/D`. No password here: it
     /// comes from the environment variable `PGPASSWORD` (on Kubernetes, from a
     /// Secret: `spec.env` with `valueFrom.secretKeyRef`), so it is in no
-    /// file, argument or message.
+    /// file, argument or message. TLS as in libpq: `sslmode` (`disable`,
+    /// `prefer` (the default: TLS when the server offers it), `require`,
+    /// `verify-ca`, `verify-full`), `sslrootcert` (the CA certificates, a PEM
+    /// file; needed by the two `verify-` modes), `sslcert` and `sslkey` (a
+    /// client certificate, PEM files, e.g. from a mounted Secret).
     pub connection: String,
     /// The table, `NAME` or `SCHEMA.NAME` (as written, case-sensitive). It
     /// must exist, with a column of the same name for every field of the

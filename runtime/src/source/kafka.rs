@@ -33,7 +33,7 @@ use weir_api::pipeline::kafka::{BadMessages, KafkaSourceSpec, StartPosition, Sto
 use super::json::LineDecoder;
 use super::{Poll, SourcePositions};
 use crate::error::{Error, Result};
-use crate::kafka::{self, Deliveries, REQUEST_TIMEOUT};
+use crate::kafka::{self, Deliveries, Scope, UserSettings, REQUEST_TIMEOUT};
 
 /// How long an idle source waits before asking the consumer again.
 const IDLE_WAIT: Duration = Duration::from_millis(5);
@@ -72,7 +72,7 @@ impl KafkaReader {
     pub fn new(spec: &KafkaSourceSpec, schema: SchemaRef, subtask: u32, parallelism: u32, restored: Option<&SourcePositions>) -> Result<Self> {
         let topic = spec.topic.clone();
         let context = format!("kafka source {} topic {topic}", spec.bootstrap_servers);
-        let mut config = kafka::client_config(&spec.bootstrap_servers, &format!("weir-source-{subtask}"), &spec.properties);
+        let mut config = kafka::client_config(&spec.bootstrap_servers, &format!("weir-source-{subtask}"), user_settings(spec), Scope::All)?;
         config
             .set("isolation.level", spec.isolation.as_str())
             .set("enable.auto.commit", "false")
@@ -86,7 +86,17 @@ impl KafkaReader {
             .set("auto.offset.reset", "error");
         let consumer: BaseConsumer<kafka::Quiet> = config.create_with_context(kafka::Quiet).map_err(|e| kafka::error(&context, e))?;
 
-        let metadata = consumer.fetch_metadata(Some(&topic), REQUEST_TIMEOUT).map_err(|e| kafka::error(&context, e))?;
+        let metadata = match consumer.fetch_metadata(Some(&topic), REQUEST_TIMEOUT) {
+            Ok(m) => m,
+            Err(e) => {
+                // A consumer's logs and errors wait in its queue until it is
+                // polled: serve them, so that a refused password or
+                // certificate is known when the failure is told.
+                let until = std::time::Instant::now() + Duration::from_millis(200);
+                while std::time::Instant::now() < until && consumer.poll(Duration::from_millis(20)).is_some() {}
+                return Err(kafka::error(&context, e));
+            }
+        };
         let partitions = match metadata.topics().iter().find(|t| t.name() == topic) {
             Some(t) if t.error().is_none() && !t.partitions().is_empty() => t.partitions().len() as i32,
             Some(t) => {
@@ -130,7 +140,7 @@ impl KafkaReader {
 
         let dead_letter = match spec.bad_messages {
             BadMessages::DeadLetter => {
-                let mut config = kafka::client_config(&spec.bootstrap_servers, &format!("weir-dead-letter-{subtask}"), &BTreeMap::new());
+                let mut config = kafka::client_config(&spec.bootstrap_servers, &format!("weir-dead-letter-{subtask}"), user_settings(spec), Scope::Connection)?;
                 config.set("acks", "all").set("enable.idempotence", "true");
                 Some(config.create_with_context(Deliveries::default()).map_err(|e| kafka::error(&context, e))?)
             }
@@ -293,4 +303,9 @@ fn offset_for_time(consumer: &BaseConsumer<kafka::Quiet>, topic: &str, partition
         Some(Offset::Offset(o)) => o,
         _ => high,
     })
+}
+
+/// The source's own librdkafka settings.
+fn user_settings(spec: &KafkaSourceSpec) -> UserSettings<'_> {
+    UserSettings { field: "source.kafka", properties: &spec.properties, from_env: &spec.properties_from_env }
 }

@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::common::*;
 
 /// Runs `job` to its end while SIGKILLing a random worker four times.
-fn run_with_worker_kills(job: &Job) -> String {
+pub(crate) fn run_with_worker_kills(job: &Job) -> String {
     let mut child = job.spawn(&[]);
     let kills = kill_workers_while_running(job, &mut child, 4);
     let out = wait_with_timeout(child, Duration::from_secs(240));

@@ -204,7 +204,7 @@ fn worker_kills_with_an_upsert_postgres_sink_leave_every_keys_final_row() {
     }
 }
 
-fn run_failing(job: &Job) -> String {
+pub(crate) fn run_failing(job: &Job) -> String {
     let start = Instant::now();
     let out = wait_with_timeout(job.spawn(&[]), Duration::from_secs(60));
     assert_eq!(out.status.code(), Some(3), "the job did not fail at once as it should:\n{}", stderr(&out));

@@ -18,7 +18,7 @@ use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use weir_api::KafkaSinkSpec;
 
 use crate::error::{Error, Result};
-use crate::kafka::{self, Deliveries, REQUEST_TIMEOUT};
+use crate::kafka::{self, Deliveries, Scope, UserSettings, REQUEST_TIMEOUT};
 use crate::sink::encode_jsonl;
 
 pub use transactional::{discard_after_finish, KafkaLogEntry, Transactional};
@@ -95,7 +95,7 @@ fn key_index(spec: &KafkaSinkSpec, schema: &Schema) -> Result<Option<usize>> {
 /// A producer of the sink's settings; `transactional_id` makes it
 /// transactional (and it reports its progress markers' offsets).
 fn producer(spec: &KafkaSinkSpec, client_id: &str, transactional_id: Option<&str>) -> Result<ThreadedProducer<Deliveries>> {
-    let mut config = kafka::client_config(&spec.bootstrap_servers, client_id, &spec.properties);
+    let mut config = kafka::client_config(&spec.bootstrap_servers, client_id, user_settings(spec), Scope::All)?;
     config.set("acks", "all").set("enable.idempotence", "true");
     if let Some(id) = transactional_id {
         config.set("transactional.id", id).set("transaction.timeout.ms", spec.transaction_timeout.get().as_millis().to_string());
@@ -156,4 +156,9 @@ async fn check_topic(producer: &ThreadedProducer<Deliveries>, spec: &KafkaSinkSp
         });
     }
     Ok(())
+}
+
+/// The sink's own librdkafka settings.
+pub(crate) fn user_settings(spec: &KafkaSinkSpec) -> UserSettings<'_> {
+    UserSettings { field: "sink.kafka", properties: &spec.properties, from_env: &spec.properties_from_env }
 }

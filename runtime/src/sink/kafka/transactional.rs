@@ -45,7 +45,7 @@ use weir_api::KafkaSinkSpec;
 use super::{check_topic, flush, key_index, producer, send_batch};
 use crate::checkpoint::{Location, StateFile};
 use crate::error::{Error, Result};
-use crate::kafka::{self, Deliveries, REQUEST_TIMEOUT};
+use crate::kafka::{self, Deliveries, Scope, REQUEST_TIMEOUT};
 use crate::sink::{SinkRestore, SinkState};
 use crate::worker::restore::encode_state;
 
@@ -242,7 +242,7 @@ impl Transactional {
         tokio::task::block_in_place(|| probe.commit_transaction(REQUEST_TIMEOUT)).map_err(|e| kafka::error(&context, e))?;
 
         let from = entries.iter().map(|e| e.marker_offset).min().unwrap_or(0);
-        let mut config = kafka::client_config(&self.spec.bootstrap_servers, &format!("weir-{}-{}-settle", self.job, self.subtask), &Default::default());
+        let mut config = kafka::client_config(&self.spec.bootstrap_servers, &format!("weir-{}-{}-settle", self.job, self.subtask), super::user_settings(&self.spec), Scope::Connection)?;
         config.set("isolation.level", "read_committed").set("enable.auto.commit", "false").set("group.id", "weir-sink").set("auto.offset.reset", "earliest");
         let consumer: BaseConsumer<kafka::Quiet> = config.create_with_context(kafka::Quiet).map_err(|e| kafka::error(&context, e))?;
         let mut tpl = TopicPartitionList::new();
@@ -339,7 +339,7 @@ fn commit_error(context: &str, entry: &KafkaLogEntry, e: KafkaError) -> Error {
 /// Creates the progress topic (one partition) unless it exists.
 async fn ensure_progress_topic(spec: &KafkaSinkSpec) -> Result<()> {
     let context = format!("kafka sink: creating the progress topic {}", spec.progress_topic);
-    let config = kafka::client_config(&spec.bootstrap_servers, "weir-admin", &Default::default());
+    let config = kafka::client_config(&spec.bootstrap_servers, "weir-admin", super::user_settings(spec), Scope::Connection)?;
     let admin: AdminClient<kafka::Quiet> = config.create_with_context(kafka::Quiet).map_err(|e| kafka::error(&context, e))?;
     let topic = NewTopic::new(&spec.progress_topic, 1, TopicReplication::Fixed(-1));
     let results = admin

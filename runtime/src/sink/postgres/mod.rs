@@ -18,8 +18,9 @@
 //!   rows, so every key's final row is exactly-once while earlier versions
 //!   may be seen again meanwhile.
 //!
-//! This module holds what both share: the connection (password only from
-//! `PGPASSWORD`), the check of the table against the records' schema at
+//! This module holds what they share: the connection (password only from
+//! `PGPASSWORD`; TLS as libpq's `sslmode`, `sslrootcert`, `sslcert` and
+//! `sslkey` set it, in `tls.rs`), the check of the table against the records' schema at
 //! start (so a missing table or column is an error naming it before any row
 //! is written), and the `INSERT … SELECT … FROM unnest(…)` that writes a
 //! whole record batch as one statement with one array per column.
@@ -27,6 +28,7 @@
 //! Deliberately does not know barriers, checkpoints' storage or the
 //! coordinator: like every sink it is told `pre_commit(id)` and `commit(id)`.
 
+mod tls;
 mod two_phase;
 mod upsert;
 mod write_ahead;
@@ -50,9 +52,11 @@ use crate::error::{Error, Result};
 pub const PASSWORD_ENV: &str = "PGPASSWORD";
 
 /// Opens a connection to the sink's database. `purpose` says which of the
-/// subtask's connections it is, for errors.
+/// subtask's connections it is, for errors. TLS as libpq sets it (see
+/// `tls.rs`).
 pub(crate) async fn connect(spec: &PostgresSinkSpec, purpose: &str) -> Result<Client> {
-    let mut config = tokio_postgres::Config::from_str(&spec.connection)
+    let (rest, tls) = tls::split(&spec.connection)?;
+    let mut config = tokio_postgres::Config::from_str(&rest)
         .map_err(|e| Error::Plan { context: "sink.postgres.connection".into(), message: format!("cannot be read as a libpq connection string: {e}") })?;
     if let Ok(password) = std::env::var(PASSWORD_ENV) {
         config.password(password);
@@ -60,17 +64,41 @@ pub(crate) async fn connect(spec: &PostgresSinkSpec, purpose: &str) -> Result<Cl
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(Duration::from_secs(10));
     }
-    let (client, connection) = config.connect(NoTls).await.map_err(|e| Error::Postgres {
-        context: format!("postgres sink: connecting ({purpose}) to {}", describe_target(&config)),
-        code: e.code().map(|c| c.code().to_string()),
-        message: message_of(&e),
-    })?;
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::warn!(error = %message_of(&e), "postgres sink: connection lost");
+    config.ssl_mode(tls.tokio_mode());
+    let connect_failed = |e: tokio_postgres::Error| {
+        let context = format!("postgres sink: connecting ({purpose}) to {} with sslmode={}", describe_target(&config), tls.mode);
+        // A certificate refused now is refused after a restart too.
+        if tls::refused_certificate(&e) {
+            return Error::Plan {
+                context: "sink.postgres.connection".into(),
+                message: format!("{context}: {}; check sslrootcert and the host name the server's certificate is for", message_of(&e)),
+            };
         }
-    });
-    Ok(client)
+        Error::Postgres { context, code: e.code().map(|c| c.code().to_string()), message: message_of(&e) }
+    };
+    match tls.client_config()? {
+        None => {
+            let (client, connection) = config.connect(NoTls).await.map_err(connect_failed)?;
+            tokio::spawn(drive(connection));
+            Ok(client)
+        }
+        Some(client_config) => {
+            let (client, connection) = config.connect(tokio_postgres_rustls::MakeRustlsConnect::new(client_config)).await.map_err(connect_failed)?;
+            tokio::spawn(drive(connection));
+            Ok(client)
+        }
+    }
+}
+
+/// Runs a connection's I/O until the client is dropped or the server goes.
+async fn drive<S, T>(connection: tokio_postgres::Connection<S, T>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    if let Err(e) = connection.await {
+        tracing::warn!(error = %message_of(&e), "postgres sink: connection lost");
+    }
 }
 
 /// Where a connection goes, without anything secret: hosts, ports, database, user.

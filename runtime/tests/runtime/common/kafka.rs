@@ -53,13 +53,48 @@ pub struct PrivateBroker {
     dir: PathBuf,
     port: u16,
     controller: u16,
+    /// The port of the SASL_SSL listener, if it has one.
+    sasl_ssl: Option<u16>,
+}
+
+/// Where and how to reach the SASL_SSL listener of a [`PrivateBroker`].
+pub struct SaslSsl {
+    pub addr: String,
+    /// The CA that signed the broker's certificate.
+    pub ca: PathBuf,
+    /// A CA that signed nothing of the broker.
+    pub other_ca: PathBuf,
+    pub user: &'static str,
+    pub password: &'static str,
 }
 
 impl PrivateBroker {
     pub fn start() -> PrivateBroker {
+        Self::start_with(None)
+    }
+
+    /// A broker with a second listener that takes only TLS with SASL
+    /// (SCRAM-SHA-512 or PLAIN) beside the plain one the tests use.
+    pub fn start_with_sasl_ssl() -> PrivateBroker {
+        Self::start_with(Some(super::free_port()))
+    }
+
+    /// The SASL_SSL listener (see `e2e/kafka/broker --help`).
+    pub fn sasl_ssl(&self) -> SaslSsl {
+        let port = self.sasl_ssl.expect("the broker was started with start_with_sasl_ssl");
+        SaslSsl {
+            addr: format!("127.0.0.1:{port}"),
+            ca: self.dir.join("tls/ca.pem"),
+            other_ca: self.dir.join("tls/other-ca.pem"),
+            user: "weir",
+            password: "weir-kafka-test-secret",
+        }
+    }
+
+    fn start_with(sasl_ssl: Option<u16>) -> PrivateBroker {
         let dir = std::env::temp_dir().join(format!("weir-test-kafka-{}", rand_suffix()));
         let port = super::free_port();
-        let broker = PrivateBroker { addr: format!("127.0.0.1:{port}"), dir, port, controller: super::free_port() };
+        let broker = PrivateBroker { addr: format!("127.0.0.1:{port}"), dir, port, controller: super::free_port(), sasl_ssl };
         broker.resume();
         let watchdog = format!(
             "while kill -0 {pid} 2>/dev/null; do sleep 1; done; '{script}' stop --dir '{dir}'; rm -rf '{dir}'",
@@ -78,8 +113,12 @@ impl PrivateBroker {
     /// Starts the broker again on its ports and data (the first call formats
     /// the storage); returns once it serves.
     pub fn resume(&self) {
-        let out = Command::new(Self::script())
-            .args(["start", "--dir", self.dir.to_str().unwrap(), "--port", &self.port.to_string(), "--controller-port", &self.controller.to_string()])
+        let mut command = Command::new(Self::script());
+        command.args(["start", "--dir", self.dir.to_str().unwrap(), "--port", &self.port.to_string(), "--controller-port", &self.controller.to_string()]);
+        if let Some(port) = self.sasl_ssl {
+            command.args(["--sasl-ssl-port", &port.to_string()]).env_remove("WEIR_KAFKA_SASL_PASSWORD");
+        }
+        let out = command
             .output()
             .expect("run e2e/kafka/broker");
         assert!(out.status.success(), "e2e/kafka/broker start failed:\n{}", String::from_utf8_lossy(&out.stderr));

@@ -40,6 +40,50 @@ fn as_server_user(program: PathBuf) -> Command {
     }
 }
 
+/// The certificates of [`Server::start_tls`], made with the `openssl` tool.
+pub struct Certificates {
+    /// The CA that signed the server's certificate (PEM).
+    pub ca: PathBuf,
+    /// A CA that signed nothing of this server.
+    pub other_ca: PathBuf,
+    server_cert: PathBuf,
+    server_key: PathBuf,
+}
+
+impl Certificates {
+    fn create(dir: &std::path::Path) -> Certificates {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let openssl = |args: &[&str]| {
+            let out = Command::new("openssl").args(args).current_dir(dir).output().expect("running openssl (scripts/test installs it)");
+            assert!(out.status.success(), "openssl {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        };
+        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+        for ca in ["ca", "other-ca"] {
+            let (key, pem, subj) = (format!("{ca}.key"), format!("{ca}.pem"), format!("/CN=weir test {ca}"));
+            let mut args = vec!["req", "-x509"];
+            args.extend(ec);
+            args.extend(["-keyout", &key, "-out", &pem, "-days", "3", "-subj", &subj]);
+            args.extend(["-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"]);
+            openssl(&args);
+        }
+        let mut args = vec!["req"];
+        args.extend(ec);
+        args.extend(["-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"]);
+        openssl(&args);
+        std::fs::write(dir.join("server.ext"), "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n").unwrap();
+        openssl(&["x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", "server.pem", "-days", "3", "-extfile", "server.ext"]);
+        // The server refuses a key others can read, and runs as nobody when
+        // the tests run as root.
+        let key = dir.join("server.key");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        if unsafe { libc::geteuid() } == 0 {
+            std::os::unix::fs::chown(&key, Some(65534), Some(65534)).unwrap();
+        }
+        Certificates { ca: dir.join("ca.pem"), other_ca: dir.join("other-ca.pem"), server_cert: dir.join("server.pem"), server_key: key }
+    }
+}
+
 pub struct Server {
     dir: tempfile::TempDir,
     pub port: u16,
@@ -54,7 +98,32 @@ impl Server {
 
     /// A server with extra `postgres` arguments (`-c name=value`).
     pub fn start_with(settings: &[&str]) -> Server {
+        Server::start_in(tempfile::tempdir().unwrap(), settings, None)
+    }
+
+    /// A server that takes TCP connections only over TLS (`hostssl` in
+    /// pg_hba.conf; a plain connection is rejected), with a certificate for
+    /// the name `localhost` only (not for 127.0.0.1) signed by
+    /// [`Certificates::ca`].
+    pub fn start_tls() -> (Server, Certificates) {
         let dir = tempfile::tempdir().unwrap();
+        let certs = Certificates::create(&dir.path().join("tls"));
+        let settings = [
+            "-c".to_string(),
+            "max_prepared_transactions=64".into(),
+            "-c".into(),
+            "ssl=on".into(),
+            "-c".into(),
+            format!("ssl_cert_file={}", certs.server_cert.display()),
+            "-c".into(),
+            format!("ssl_key_file={}", certs.server_key.display()),
+        ];
+        let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+        let hba = "local all all trust\nhostssl all all 127.0.0.1/32 scram-sha-256\nhostnossl all all 127.0.0.1/32 reject\n";
+        (Server::start_in(dir, &settings, Some(hba)), certs)
+    }
+
+    fn start_in(dir: tempfile::TempDir, settings: &[&str], hba: Option<&str>) -> Server {
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
         let pwfile = dir.path().join("pw");
         std::fs::write(&pwfile, PASSWORD).unwrap();
@@ -68,6 +137,9 @@ impl Server {
             .output()
             .expect("running initdb");
         assert!(out.status.success(), "initdb failed: {}", String::from_utf8_lossy(&out.stderr));
+        if let Some(hba) = hba {
+            std::fs::write(data.join("pg_hba.conf"), hba).unwrap();
+        }
         let mut server = Server { dir, port: 0, child: None };
         for _ in 0..5 {
             server.port = super::free_port();
