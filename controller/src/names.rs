@@ -27,6 +27,13 @@ pub fn work_dir(namespace: &str, job: &str) -> String {
     format!("{WORK_ROOT}/{namespace}/{job}")
 }
 
+/// The job id the workers' sinks write under (`weir worker --job-id`):
+/// namespace and name, unique in the cluster. Both are DNS labels, which
+/// have no `_`, so the two cannot be told apart wrongly.
+pub fn job_id(namespace: &str, job: &str) -> String {
+    format!("{namespace}_{job}")
+}
+
 pub fn pipeline_config_map(job: &str) -> String {
     format!("{job}-pipeline")
 }

@@ -81,6 +81,11 @@ a record a step fails on), reported by the first attempt; 1 anything else (e.g. 
         /// Give up after this many restarts in a row without a new completed checkpoint.
         #[arg(long, default_value_t = 10)]
         max_restarts: u32,
+        /// The name this job's writes carry outside weir: PostgreSQL's prepared transactions and progress rows,
+        /// Kafka's transactional ids and progress markers, output file names [default: the pipeline's name]. Jobs
+        /// writing to one database, topic or directory need different ones; the operator sets NAMESPACE_NAME.
+        #[arg(long, env = "WEIR_JOB_ID", value_parser = parse_job_id)]
+        job_id: Option<String>,
     },
     /// Take a savepoint of a running local job and print its path.
     Savepoint {
@@ -145,6 +150,11 @@ a record a step fails on), reported by the first attempt; 1 anything else (e.g. 
         /// wrong bucket never silently restarts a job from scratch.
         #[arg(long)]
         expect_state: bool,
+        /// The name this job's writes carry outside weir: PostgreSQL's prepared transactions and progress rows,
+        /// Kafka's transactional ids and progress markers, output file names [default: the pipeline's name]. Jobs
+        /// writing to one database, topic or directory need different ones; the operator sets NAMESPACE_NAME.
+        #[arg(long, env = "WEIR_JOB_ID", value_parser = parse_job_id)]
+        job_id: Option<String>,
     },
 }
 
@@ -188,6 +198,19 @@ fn parse_control_addr(text: &str) -> Result<SocketAddr, String> {
     weir_api::control::parse_listen_addr(text, CONTROL_PORT)
 }
 
+/// A job id goes into file names, Kafka transactional ids and PostgreSQL's
+/// transaction ids (at most 200 bytes with the run, subtask and checkpoint),
+/// so it has a pipeline name's syntax: no `.`, which ends the job's part of
+/// an output file's name.
+fn parse_job_id(text: &str) -> Result<String, String> {
+    let ok = !text.is_empty() && text.len() <= 128 && text.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'));
+    if ok {
+        Ok(text.to_string())
+    } else {
+        Err(format!("{text:?}: expected 1 to 128 letters, digits, `-` or `_`"))
+    }
+}
+
 fn parse_duration(text: &str) -> Result<Duration, String> {
     HumanDuration::parse(text).map(HumanDuration::get)
 }
@@ -225,7 +248,7 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Worker { pipeline, index, cluster, control_addr, membership_timeout, state_dir, base_dir, parallelism, restore, allow_non_restored_state, expect_state } => {
+        Command::Worker { pipeline, index, cluster, control_addr, membership_timeout, state_dir, base_dir, parallelism, restore, allow_non_restored_state, expect_state, job_id } => {
             init_tracing(std::env::var_os("WEIR_LOG_JSON").is_some());
             let token = std::env::var("WEIR_CONTROL_TOKEN").unwrap_or_default();
             if cluster.is_none() && token.is_empty() {
@@ -252,7 +275,7 @@ fn main() -> ExitCode {
                     None => std::env::current_dir().map_err(Error::io("current directory"))?,
                 };
                 let restore = restore.as_deref().map(RestoreFrom::parse);
-                worker::run(WorkerConfig { plan: Arc::new(plan), index, placement, state_dir, restore, allow_non_restored_state, expect_state, base_dir, token }).await
+                worker::run(WorkerConfig { plan: Arc::new(plan), index, placement, state_dir, restore, allow_non_restored_state, expect_state, base_dir, token, job_id }).await
             });
             // Do not wait for blocked tasks (a peer that is gone) on the way out.
             runtime.shutdown_timeout(Duration::from_millis(100));
@@ -329,9 +352,9 @@ async fn take_savepoint(run: &local::RunInfo, stop: bool, within: Duration) -> a
 
 async fn run_command(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Run { pipeline, state_dir, restore, parallelism, workers, allow_non_restored_state, max_restarts } => {
+        Command::Run { pipeline, state_dir, restore, parallelism, workers, allow_non_restored_state, max_restarts, job_id } => {
             let restore = restore.as_deref().map(RestoreFrom::parse);
-            let summary = local::run(RunOptions { pipeline, state_dir, restore, parallelism, workers, allow_non_restored_state, max_restarts }).await?;
+            let summary = local::run(RunOptions { pipeline, state_dir, restore, parallelism, workers, allow_non_restored_state, max_restarts, job_id }).await?;
             let st = &summary.status;
             let stopped_with = (st.phase == "stopped").then(|| st.last_savepoint.as_ref().map(|s| s.location.clone())).flatten();
             if let Some(sp) = &stopped_with {

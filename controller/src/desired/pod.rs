@@ -201,6 +201,12 @@ fn worker_container(job: &StreamJob, run: &RunStatus, index: u32, image: String,
         state_dir(job),
         "--base-dir".into(),
         names::work_dir(&job.namespace().unwrap_or_else(|| "default".into()), &name),
+        // What the sinks' writes carry outside weir (prepared transactions,
+        // transactional ids, file names): the pipeline's name alone would be
+        // shared by StreamJobs of one name in two namespaces, which would
+        // then take each other's transactions for their own.
+        "--job-id".into(),
+        names::job_id(&job.namespace().unwrap_or_else(|| "default".into()), &name),
     ];
     if let Some(from) = &run.restore_from {
         args.push("--restore".into());

@@ -91,6 +91,8 @@ fn a_worker_pod_waits_for_membership_on_its_pod_ip_and_restores_as_the_run_says(
     assert!(args.contains("--restore latest"));
     assert!(args.contains("--state-dir file:///var/lib/weir/checkpoints/jobs/wc"), "{args}");
     assert!(args.contains("--base-dir /var/lib/weir/jobs/jobs/wc"), "{args}");
+    // Unique in the cluster, unlike the pipeline's name.
+    assert!(args.contains("--job-id jobs_wc"), "{args}");
     let env = c.env.clone().unwrap();
     let token = env.iter().find(|e| e.name == "WEIR_CONTROL_TOKEN").unwrap();
     assert_eq!(token.value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap().name, "wc-control-token");

@@ -216,7 +216,8 @@ pub struct StreamJobSpec {
     ///
     /// The operator's part wins: the worker's command (the image's entrypoint) and
     /// args, its ports (6120 control, 6121 data, 6122 coordinator) and readiness
-    /// probe, the env POD_IP, WEIR_CONTROL_TOKEN and WEIR_RUN_ID, the volumes
+    /// probe, the env POD_IP, WEIR_CONTROL_TOKEN and WEIR_RUN_ID (and the job id
+    /// `<namespace>_<name>` the sinks' writes carry), the volumes
     /// weir-pipeline and weir-tmp and the mount /etc/weir, the labels weir.dev/job,
     /// weir.dev/run, weir.dev/worker and app.kubernetes.io/{name,instance,managed-by},
     /// the pod's name, namespace, owner, and restartPolicy Never. The explicit spec

@@ -38,6 +38,8 @@ pub struct RunOptions {
     pub allow_non_restored_state: bool,
     /// Restarts in a row without a new completed checkpoint before giving up.
     pub max_restarts: u32,
+    /// Passed to the workers (`weir worker --job-id`).
+    pub job_id: Option<String>,
 }
 
 /// What a finished run reports.
@@ -189,6 +191,9 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
             }
             if opts.allow_non_restored_state {
                 cmd.arg("--allow-non-restored-state");
+            }
+            if let Some(id) = &opts.job_id {
+                cmd.arg("--job-id").arg(id);
             }
             if progress.is_tty() && std::env::var_os("RUST_LOG").is_none() {
                 cmd.env("RUST_LOG", "warn");

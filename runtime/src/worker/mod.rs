@@ -63,6 +63,9 @@ pub struct WorkerConfig {
     /// Relative paths of sources and sinks are resolved against this directory.
     pub base_dir: PathBuf,
     pub token: String,
+    /// The name the sinks' writes carry outside weir (`weir worker
+    /// --job-id`); the pipeline's name when unset.
+    pub job_id: Option<String>,
 }
 
 const CONNECT_WITHIN: Duration = Duration::from_secs(30);
@@ -76,6 +79,10 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     let (p, max_p) = (spec.parallelism, spec.max_parallelism);
     let index = cfg.index;
     let storage = CheckpointStorage::open(&cfg.state_dir, &spec.name, true)?;
+    // Sinks name their writes outside weir by this: two jobs of one
+    // pipeline name writing to one database or topic must not take each
+    // other's prepared transactions or transactional ids for their own.
+    let job_id = cfg.job_id.as_deref().unwrap_or(&spec.name);
     let (restored, claim) = restore_state(cfg, &storage, &cluster.run_id).await?;
     let restored_from = restored.as_ref().map(|r| r.location.display.clone());
     {
@@ -353,7 +360,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                         mine: sink_states.iter().filter(|(old, _)| old % p == j).map(|(_, s)| s.clone()).collect(),
                         keep: if j == 0 { keep.as_ref() } else { None },
                     };
-                    let sink = SinkWriter::open(&spec.sink, &schema, &spec.name, j, &cluster.run_id, restore, &cfg.base_dir, &storage).await?;
+                    let sink = SinkWriter::open(&spec.sink, &schema, job_id, j, &cluster.run_id, restore, &cfg.base_dir, &storage).await?;
                     let notifications = sink_notifications.remove(&j).ok_or_else(|| Error::Job("sink notifications taken twice".into()))?;
                     Output::Sink { sink, notifications }
                 }
@@ -461,7 +468,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
         // Retention ran before the final commit: what it deleted no longer
         // protects in-progress files.
         let keep = restore::referenced_sink_files(&storage, None).await?;
-        crate::sink::clean_up_after_finish(&spec.sink, &spec.name, &cluster.run_id, &keep, &cfg.base_dir, &storage).await?;
+        crate::sink::clean_up_after_finish(&spec.sink, job_id, &cluster.run_id, &keep, &cfg.base_dir, &storage).await?;
     }
     // Let the coordinator answer the last status requests of the supervisor.
     tokio::time::sleep(Duration::from_millis(100)).await;

@@ -125,6 +125,31 @@ fn a_restore_rolls_back_this_jobs_unreferenced_prepared_transactions_and_leaves_
     job.assert_exactly_once();
 }
 
+/// Two jobs of one pipeline name (StreamJobs of one name in two
+/// namespaces) write to one database under their job ids: a restore of one
+/// rolls back its own unreferenced prepared transactions, never the
+/// other's, which would lose rows the other has already checkpointed.
+#[test]
+fn jobs_of_one_pipeline_name_with_their_own_job_ids_leave_each_others_transactions_alone() {
+    let pg = postgres::Server::start();
+    let job = two_phase_job(&pg, 2, 20_000, 17, "200ms");
+    let table = job.pg_output.clone().unwrap().1;
+    for (gid, seq) in [("weir:team-a_eo-test:0000dead:0:99", -1), ("weir:team-b_eo-test:0000beef:0:7", -2), ("weir:eo-test:0000feed:0:5", -3)] {
+        pg.psql(&format!("BEGIN; INSERT INTO {table} VALUES ({seq}, 0, 0, 0); PREPARE TRANSACTION '{gid}'"));
+    }
+    let out = job.run(&["--job-id", "team-a_eo-test"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut left = pg.prepared();
+    left.sort();
+    assert_eq!(left, vec!["weir:eo-test:0000feed:0:5".to_string(), "weir:team-b_eo-test:0000beef:0:7".to_string()]);
+    for gid in left {
+        pg.psql(&format!("ROLLBACK PREPARED '{gid}'"));
+    }
+    job.assert_exactly_once();
+    let err = job.run(&["--job-id", "team a"]);
+    assert!(!err.status.success() && stderr(&err).contains("--job-id") && stderr(&err).contains("expected 1 to 128 letters, digits, `-` or `_`"), "{}", stderr(&err));
+}
+
 /// The write-ahead log needs no prepared transactions: this server has none.
 #[test]
 fn worker_kills_with_a_write_ahead_log_postgres_sink_keep_exactly_once() {
