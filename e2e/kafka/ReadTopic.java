@@ -39,8 +39,22 @@ public class ReadTopic {
             consumer.assign(partitions);
             consumer.seekToBeginning(partitions);
             // Under read_committed the end offsets are the last stable
-            // offsets: an open transaction's messages lie beyond them.
-            Map<TopicPartition, Long> end = consumer.endOffsets(partitions);
+            // offsets: an open transaction's messages lie beyond them. A
+            // commit returns to its producer once decided; its markers
+            // reach the partitions a moment later. So wait, a while, for
+            // the last stable offsets to catch up with the high watermarks
+            // (a transaction still open after that is read as open).
+            Map<String, Object> uncommittedConfig = new java.util.HashMap<>(config);
+            uncommittedConfig.put(ConsumerConfig.ISOLATION_LEVEL_CONFIG, "read_uncommitted");
+            Map<TopicPartition, Long> stable = consumer.endOffsets(partitions);
+            try (KafkaConsumer<String, String> uncommitted = new KafkaConsumer<>(uncommittedConfig, new StringDeserializer(), new StringDeserializer())) {
+                Instant settle = Instant.now().plusSeconds(20);
+                while (!stable.equals(uncommitted.endOffsets(partitions)) && Instant.now().isBefore(settle)) {
+                    Thread.sleep(200);
+                    stable = consumer.endOffsets(partitions);
+                }
+            }
+            Map<TopicPartition, Long> end = stable;
             StringBuilder out = new StringBuilder();
             long count = 0;
             Instant deadline = Instant.now().plusSeconds(300);
