@@ -137,9 +137,9 @@ pub fn plan(spec: &PipelineSpec, src: &PipelineSource) -> Result<JobPlan> {
     let mut operators: Vec<OperatorPlan> = Vec::new();
     let mut keys: Option<Vec<String>> = None;
 
-    for (i, step) in spec.steps.iter().enumerate() {
+    let ids = weir_api::pipeline::step_ids(&spec.steps);
+    for ((i, step), id) in spec.steps.iter().enumerate().zip(ids) {
         let field = format!("steps[{i}].{}", step.kind.name());
-        let id = step.id_or_default(i);
         let invalid = |msg: String| Error::Pipeline(src.invalid(&field, msg));
         match &step.kind {
             StepKind::KeyBy(fields) => {

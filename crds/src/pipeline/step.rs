@@ -77,21 +77,30 @@ impl StepKind {
     }
 }
 
-impl Step {
-    /// The step's id, or `<kind>-<index>` when none is written.
-    pub fn id_or_default(&self, index: usize) -> String {
-        self.id
-            .clone()
-            .unwrap_or_else(|| format!("{}-{index}", self.kind.name()))
-    }
+/// The id of each step, in order: the `id` written beside it, or
+/// `<kind>-<n>` where `n` counts the earlier steps of the same kind from 0
+/// (`running_count-0`). A derived id survives adding, removing or moving
+/// stateless steps and steps of other kinds, so a savepoint still restores
+/// after such a change; adding or removing a step of the same kind before
+/// it renames it, which is when a written `id` is needed.
+pub fn step_ids(steps: &[Step]) -> Vec<String> {
+    let mut seen: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    steps
+        .iter()
+        .map(|step| {
+            let n = seen.entry(step.kind.name()).or_default();
+            let derived = format!("{}-{n}", step.kind.name());
+            *n += 1;
+            step.id.clone().unwrap_or(derived)
+        })
+        .collect()
 }
 
 pub(super) fn validate_steps(steps: &[Step], src: &PipelineSource) -> Result<(), PipelineError> {
     let mut keyed = false;
     let mut ids = std::collections::HashSet::new();
-    for (i, step) in steps.iter().enumerate() {
+    for ((i, step), id) in steps.iter().enumerate().zip(step_ids(steps)) {
         let field = format!("steps[{i}].{}", step.kind.name());
-        let id = step.id_or_default(i);
         if !ids.insert(id.clone()) {
             return Err(src.invalid(&format!("steps[{i}].id"), format!("id `{id}` is used by two steps: expected unique ids")));
         }

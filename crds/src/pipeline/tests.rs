@@ -105,6 +105,20 @@ fn steps_round_trip_through_yaml_with_their_ids() {
 }
 
 #[test]
+fn a_derived_step_id_survives_added_stateless_steps_and_steps_of_other_kinds() {
+    let steps = |body: &str| parse(&format!("name: t\nsource:\n  generator: {{}}\nsteps:\n{body}sink:\n  blackhole: {{}}\n")).unwrap().steps;
+    let before = step_ids(&steps("  - key_by: key\n  - running_count: n\n  - running_sum: {field: value}\n"));
+    assert_eq!(before, ["key_by-0", "running_count-0", "running_sum-0"]);
+    // A filter in front and a running_max before the sum rename nothing
+    // that keeps state of the same kind.
+    let after = step_ids(&steps("  - filter: value > 0\n  - key_by: key\n  - running_count: n\n  - running_max: {field: value}\n  - running_sum: {field: value}\n"));
+    assert_eq!(after, ["filter-0", "key_by-0", "running_count-0", "running_max-0", "running_sum-0"]);
+    // A second step of a kind is numbered after the first; a written id wins.
+    let ids = step_ids(&steps("  - key_by: key\n  - running_count: a\n  - running_count: b\n    id: second\n  - running_count: c\n"));
+    assert_eq!(ids, ["key_by-0", "running_count-0", "second", "running_count-2"]);
+}
+
+#[test]
 fn the_file_source_fails_on_bad_lines_unless_told_to_skip_them() {
     let file = |extra: &str| format!("name: t\nsource:\n  file:\n    path: in.jsonl\n    schema: {{a: int64}}\n{extra}sink:\n  blackhole: {{}}\n");
     let SourceSpec::File(f) = parse(&file("")).unwrap().source else { panic!("not a file source") };

@@ -18,3 +18,4 @@ mod pod_mode;
 mod postgres_sink;
 mod postgres_tls;
 mod s3_storage;
+mod savepoint_compat;

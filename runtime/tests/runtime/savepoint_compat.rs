@@ -1,0 +1,146 @@
+//! Savepoints across pipeline changes, moves and releases: a savepoint
+//! restores into a pipeline that gained a stateless step, into another
+//! directory, and (the golden savepoint) into every later release; state
+//! the pipeline no longer has, a damaged savepoint and one of a future
+//! format are refused with the reason, and the refusal touches nothing.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+
+/// Starts `job`, waits for its first checkpoint, stops it with a savepoint
+/// and returns the savepoint's location.
+fn stop_with_savepoint(job: &Job) -> String {
+    let child = job.spawn(&[]);
+    let start = Instant::now();
+    let sp = loop {
+        assert!(start.elapsed() < Duration::from_secs(30), "no savepoint could be taken");
+        std::thread::sleep(Duration::from_millis(300));
+        let out = job.weir(&["savepoint", "--state-dir", "state", "--stop"]).output().unwrap();
+        if out.status.success() {
+            break String::from_utf8_lossy(&out.stdout).trim().to_string();
+        }
+    };
+    let out = wait_with_timeout(child, Duration::from_secs(30));
+    assert!(out.status.success(), "{}", stderr(&out));
+    sp
+}
+
+fn fatal(out: &std::process::Output) -> String {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(3), "not refused as a fatal error:\n{err}");
+    assert!(!err.contains("restarting"), "a refusal was retried:\n{err}");
+    err
+}
+
+#[test]
+fn a_savepoint_restores_into_a_pipeline_with_an_added_stateless_step() {
+    let job = Job::counting(2, 60_000, 20, 15_000, "200ms");
+    let sp = stop_with_savepoint(&job);
+    // A filter that keeps everything, in front of the keyed count: the
+    // count's derived id (`running_count-0`) does not move.
+    let yaml = std::fs::read_to_string(job.path("pipeline.yaml")).unwrap();
+    job.write_pipeline(&yaml.replace("steps:\n", "steps:\n  - filter: value >= 0\n"));
+    let out = wait_with_timeout(job.spawn(&["--restore", &sp]), Duration::from_secs(60));
+    assert!(out.status.success(), "{}", stderr(&out));
+    job.assert_exactly_once();
+}
+
+#[test]
+fn state_of_a_removed_stateful_step_is_refused_naming_it_unless_allowed() {
+    let job = Job::counting(1, 40_000, 10, 10_000, "200ms");
+    let sp = stop_with_savepoint(&job);
+    let yaml = std::fs::read_to_string(job.path("pipeline.yaml")).unwrap();
+    job.write_pipeline(&yaml.replace("  - running_count: count\n", ""));
+    let before = tree_digest(job.dir.path());
+    let err = fatal(&job.run(&["--restore", &sp]));
+    assert!(err.contains("running_count-0") && err.contains("no longer has") && err.contains("--allow-non-restored-state"), "{err}");
+    assert_eq!(tree_digest(job.dir.path()), before, "a refused restore changed files");
+    // Allowed, the job goes on from the savepoint without the count.
+    let out = job.run(&["--restore", &sp, "--allow-non-restored-state"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lines = job.committed_lines();
+    let seqs: std::collections::HashSet<i64> = lines.iter().map(|l| l["seq"].as_i64().unwrap()).collect();
+    assert_eq!(seqs.len(), 40_000, "every event once across both runs");
+    assert!(lines.iter().any(|l| l.get("count").is_none()), "the second run still counted");
+}
+
+/// Rewrites the metadata of the snapshot in `dir` through `edit`, with a
+/// valid checksum: what a future release's savepoint looks like to this one.
+fn rewrite_metadata(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = dir.join("_metadata");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let (json, _) = text.trim_end().rsplit_once('\n').unwrap();
+    let mut meta: serde_json::Value = serde_json::from_str(json).unwrap();
+    edit(&mut meta);
+    let json = serde_json::to_string_pretty(&meta).unwrap();
+    std::fs::write(&path, format!("{json}\ncrc32:{:08x}\n", crc32fast::hash(json.as_bytes()))).unwrap();
+}
+
+#[test]
+fn a_future_version_or_a_damaged_savepoint_is_refused_and_nothing_is_touched() {
+    let job = Job::counting(2, 40_000, 10, 10_000, "200ms");
+    let sp = stop_with_savepoint(&job);
+    let future = job.path("future-savepoint");
+    copy_tree(Path::new(&sp), &future);
+    rewrite_metadata(&future, |m| m["version"] = serde_json::json!(2));
+    let truncated = job.path("truncated-savepoint");
+    copy_tree(Path::new(&sp), &truncated);
+    let state_file = std::fs::read_dir(&truncated).unwrap().flatten().map(|e| e.path()).find(|p| p.extension().is_some_and(|x| x == "arrow")).expect("the savepoint has a keyed state file");
+    let bytes = std::fs::read(&state_file).unwrap();
+    std::fs::write(&state_file, &bytes[..bytes.len() / 2]).unwrap();
+
+    let before = tree_digest(job.dir.path());
+    let err = fatal(&job.run(&["--restore", future.to_str().unwrap()]));
+    assert!(err.contains("future-savepoint") && err.contains("format version 2") && err.contains("reads version 1"), "{err}");
+    let err = fatal(&job.run(&["--restore", truncated.to_str().unwrap()]));
+    let name = state_file.file_name().unwrap().to_string_lossy().to_string();
+    assert!(err.contains("truncated-savepoint") && err.contains(&name), "{err}");
+    assert_eq!(tree_digest(job.dir.path()), before, "a refused restore changed files");
+    // The savepoint itself still restores, exactly once.
+    let out = job.run(&["--restore", &sp]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    job.assert_exactly_once();
+}
+
+#[test]
+fn a_savepoint_moved_to_another_directory_restores_exactly_once() {
+    let job = Job::counting(2, 60_000, 20, 15_000, "200ms");
+    let sp = stop_with_savepoint(&job);
+    let moved = job.path("elsewhere/kept-savepoint");
+    std::fs::create_dir_all(moved.parent().unwrap()).unwrap();
+    std::fs::rename(&sp, &moved).unwrap();
+    let out = job.run(&["--restore", moved.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    job.assert_exactly_once();
+}
+
+#[test]
+fn the_golden_savepoint_of_format_version_1_finishes_its_job_exactly_once() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/savepoint-v1");
+    let yaml = std::fs::read_to_string(fixture.join("pipeline.yaml")).unwrap();
+    let job = Job::with_pipeline(&yaml, 1000, 10);
+    copy_tree(&fixture.join("out"), &job.path("out"));
+    copy_tree(&fixture.join("savepoint"), &job.path("golden-savepoint"));
+    let out = job.run(&["--restore", "golden-savepoint"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // With the output of the run that took the savepoint, every event once
+    // and each key's counts 1..n: the counts went on from the savepoint's.
+    job.assert_exactly_once();
+    // So did the sums: in each key's order of arrival (its counts), every
+    // total is the one before plus the event's value.
+    let mut by_key: std::collections::BTreeMap<i64, Vec<(i64, i64, i64)>> = Default::default();
+    for l in job.committed_lines() {
+        let field = |f: &str| l[f].as_i64().unwrap_or_else(|| panic!("no {f} in {l}"));
+        by_key.entry(field("key")).or_default().push((field("count"), field("value"), field("total")));
+    }
+    for (key, mut events) in by_key {
+        events.sort();
+        let mut total = 0;
+        for (count, value, got) in events {
+            total += value;
+            assert_eq!(got, total, "total of key {key} at count {count}");
+        }
+    }
+}
