@@ -106,6 +106,9 @@ pub struct JobStatus {
     /// awaiting-membership, starting, running, finishing, finished
     pub phase: String,
     pub guarantee: String,
+    /// What sets `guarantee` (see `PipelineSpec::guarantee_and_reason`).
+    #[serde(default)]
+    pub guarantee_reason: String,
     pub parallelism: u32,
     pub records_in: u64,
     pub records_out: u64,

@@ -184,8 +184,9 @@ pub struct Cx<'a> {
     pub now: Timestamp,
     /// Hash of the current spec's pod-shaping fields.
     pub spec_hash: String,
-    /// The spec's validation: the pipeline's guarantee, or why it cannot run.
-    pub validation: Result<weir_api::Guarantee, Refusal>,
+    /// The spec's validation: the pipeline's guarantee and what sets it, or
+    /// why it cannot run.
+    pub validation: Result<(weir_api::Guarantee, String), Refusal>,
 }
 
 /// The outcome of one reconcile's decision.
@@ -236,10 +237,10 @@ pub fn decide(job: &StreamJob, obs: &Observed, settings: &WorkerSettings) -> Dec
 /// Everything checked before a job's pods are created: the spec and its
 /// pipeline (what `weir run` checks, plus what CEL cannot), then what the
 /// pods need ([`desired::check`]: a worker image, shared storage).
-pub fn validate(job: &StreamJob, settings: &WorkerSettings) -> Result<weir_api::Guarantee, Refusal> {
+pub fn validate(job: &StreamJob, settings: &WorkerSettings) -> Result<(weir_api::Guarantee, String), Refusal> {
     let pipeline = job.spec.validate().map_err(|e| Refusal::invalid(e.to_string()))?;
     desired::check(job, &pipeline.sink, settings)?;
-    Ok(pipeline.guarantee())
+    Ok(pipeline.guarantee_and_reason())
 }
 
 /// Deletion can start in any state; the move is still checked per state.

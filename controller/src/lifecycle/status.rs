@@ -33,8 +33,9 @@ pub(super) fn finish(cx: &Cx, mut st: StreamJobStatus, before: Option<Phase>, st
     if let Some(m) = step.message {
         st.message = Some(m);
     }
-    if let Ok(g) = &cx.validation {
+    if let Ok((g, why)) = &cx.validation {
         st.guarantee = Some(*g);
+        st.guarantee_reason = Some(why.clone());
     }
     st.observed_generation = cx.job.metadata.generation;
     let generation = st.observed_generation;

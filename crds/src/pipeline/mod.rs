@@ -43,6 +43,13 @@ pub struct PipelineSpec {
     /// Number of key groups; the upper bound for `parallelism`, fixed for the life of the job.
     #[serde(default = "default_max_parallelism")]
     pub max_parallelism: u32,
+    /// What the job promises: `exactly-once` (the default: aligned
+    /// barriers, sinks commit with checkpoints) or `at-least-once` (no
+    /// alignment, so no input waits for a slow one; a restore may repeat
+    /// records). The effective guarantee is the weakest of this, the
+    /// source's and the sink's; the job's status says which and why.
+    #[serde(default = "sink::exactly_once")]
+    pub guarantee: Guarantee,
     #[serde(default)]
     pub checkpoint: CheckpointSpec,
     #[serde(with = "serde_yaml::with::singleton_map")]
@@ -235,6 +242,12 @@ impl PipelineSpec {
         if self.checkpoint.timeout.is_zero() {
             return Err(src.invalid("checkpoint.timeout", "expected a duration above 0"));
         }
+        if self.guarantee == Guarantee::AtMostOnce {
+            return Err(src.invalid(
+                "guarantee",
+                "expected exactly-once or at-least-once (at-most-once, no checkpoints and no replay, is not built yet)",
+            ));
+        }
         self.source.validate(src)?;
         self.sink.validate(src)?;
         if let SinkSpec::Kafka(k) = &self.sink {
@@ -244,14 +257,28 @@ impl PipelineSpec {
         Ok(())
     }
 
-    /// The weakest guarantee of source and sink: what the job can promise.
+    /// The weakest guarantee of the job's setting, its source and its sink:
+    /// what the job can promise.
     pub fn guarantee(&self) -> Guarantee {
-        let source = if self.source.replayable() {
-            Guarantee::ExactlyOnce
+        self.guarantee_and_reason().0
+    }
+
+    /// [`PipelineSpec::guarantee`] and what sets it, in words for the
+    /// job's status: the part that weakens it, or that all parts allow it.
+    pub fn guarantee_and_reason(&self) -> (Guarantee, String) {
+        let source = if self.source.replayable() { Guarantee::ExactlyOnce } else { Guarantee::AtMostOnce };
+        let sink = self.sink.guarantee();
+        let effective = self.guarantee.min(source).min(sink);
+        let reason = if effective == Guarantee::ExactlyOnce {
+            "the job asks for exactly-once, its source replays from checkpoints and its sink commits with them".to_string()
+        } else if source == effective {
+            format!("the {} source cannot replay what it read before a failure", self.source.kind())
+        } else if self.guarantee == effective {
+            format!("the job's `guarantee` setting asks for {effective}")
         } else {
-            Guarantee::AtMostOnce
+            format!("the {} sink is {effective}", self.sink.kind())
         };
-        source.min(self.sink.guarantee())
+        (effective, reason)
     }
 }
 

@@ -60,7 +60,7 @@ impl FileSinkSpec {
     }
 }
 
-fn exactly_once() -> Guarantee {
+pub(super) fn exactly_once() -> Guarantee {
     Guarantee::ExactlyOnce
 }
 
@@ -105,6 +105,17 @@ impl SinkSpec {
         match self {
             SinkSpec::File(f) => Some(f),
             _ => None,
+        }
+    }
+
+    /// The sink's name as the pipeline writes it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SinkSpec::File(_) => "file",
+            SinkSpec::Postgres(_) => "postgres",
+            SinkSpec::Kafka(_) => "kafka",
+            SinkSpec::Stdout(_) => "stdout",
+            SinkSpec::Blackhole(_) => "blackhole",
         }
     }
 

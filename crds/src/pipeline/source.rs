@@ -92,6 +92,15 @@ pub enum FieldType {
 }
 
 impl SourceSpec {
+    /// The source's name as the pipeline writes it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SourceSpec::Generator(_) => "generator",
+            SourceSpec::File(_) => "file",
+            SourceSpec::Kafka(_) => "kafka",
+        }
+    }
+
     /// Whether the source can re-read records from a position kept in a checkpoint.
     pub fn replayable(&self) -> bool {
         match self {

@@ -96,6 +96,21 @@ fn stdout_sink_lowers_the_job_guarantee_to_at_least_once() {
 }
 
 #[test]
+fn the_effective_guarantee_is_the_weakest_part_and_says_which() {
+    let spec = |head: &str, sink: &str| parse(&format!("name: t\n{head}source:\n  generator: {{}}\nsink:\n  {sink}\n"));
+    let (g, why) = spec("", "file: {path: out}").unwrap().guarantee_and_reason();
+    assert_eq!((g, why.contains("exactly-once")), (Guarantee::ExactlyOnce, true), "{why}");
+    let (g, why) = spec("guarantee: at-least-once\n", "file: {path: out}").unwrap().guarantee_and_reason();
+    assert_eq!(g, Guarantee::AtLeastOnce);
+    assert!(why.contains("`guarantee` setting"), "{why}");
+    let (g, why) = spec("", "stdout: {}").unwrap().guarantee_and_reason();
+    assert_eq!(g, Guarantee::AtLeastOnce);
+    assert!(why.contains("stdout sink"), "{why}");
+    let err = spec("guarantee: at-most-once\n", "file: {path: out}").unwrap_err().to_string();
+    assert!(err.contains("guarantee") && err.contains("not built yet"), "{err}");
+}
+
+#[test]
 fn steps_round_trip_through_yaml_with_their_ids() {
     let text = "name: t\nsource:\n  file:\n    path: in.jsonl\n    schema: {a: int64, b: string}\nsteps:\n  - filter: a > 1\n  - key_by: [a, b]\n  - running_sum: {field: a, as: total}\n    id: sums\nsink:\n  blackhole: {}\n";
     let spec = parse(text).unwrap();

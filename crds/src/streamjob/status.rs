@@ -54,9 +54,15 @@ pub struct StreamJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deployed_spec_hash: Option<String>,
 
-    /// The guarantee the deployed pipeline gives (the weakest of source and sink).
+    /// The guarantee the deployed pipeline gives (the weakest of its
+    /// `guarantee` setting, its source and its sink).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guarantee: Option<Guarantee>,
+
+    /// What sets `guarantee`: the part of the pipeline that weakens it, or
+    /// that every part allows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guarantee_reason: Option<String>,
 
     /// The latest completed checkpoint, as reported by the job's coordinator.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -147,7 +147,13 @@ mod tests {
         let e = RunLock::acquire(&path, "state directory", &holder(1)).err().unwrap().to_string();
         assert!(e.contains("already running") && e.contains(&format!("pid {}", std::process::id())), "{e}");
         drop(first);
-        RunLock::acquire(&path, "state directory", &holder(2)).unwrap();
+        // A child another test forks in this process holds a copy of the
+        // descriptor (so the lock) until it execs: allow it a moment.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while let Err(e) = RunLock::acquire(&path, "state directory", &holder(2)) {
+            assert!(std::time::Instant::now() < deadline, "the lock stayed taken after its holder let go: {e}");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
     }
 
     #[test]

@@ -127,22 +127,23 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
     storage.begin_lineage(&claim, restore.as_ref()).await?;
 
     let workers = opts.workers.unwrap_or(spec.parallelism).clamp(1, spec.parallelism);
-    let guarantee = spec.guarantee();
+    let (guarantee, why) = spec.guarantee_and_reason();
     eprintln!(
         "running `{}`: parallelism {}, {} worker process{}, {} checkpoints every {}, guarantee {}{}",
         spec.name,
         spec.parallelism,
         workers,
         if workers == 1 { "" } else { "es" },
-        match spec.checkpoint.mode {
-            weir_api::CheckpointMode::Aligned => "aligned",
+        match (spec.checkpoint.mode, guarantee) {
+            (weir_api::CheckpointMode::Aligned, weir_api::Guarantee::ExactlyOnce) => "aligned",
+            // At-least-once does not align barriers (see worker/gate.rs).
+            _ => "non-aligned",
         },
         spec.checkpoint.interval,
         guarantee,
-        match &spec.sink {
-            weir_api::SinkSpec::Stdout(_) => " (the stdout sink may repeat records after a failure)",
-            weir_api::SinkSpec::Kafka(k) if k.guarantee == weir_api::Guarantee::AtLeastOnce => " (the kafka sink may repeat records after a failure)",
-            _ => "",
+        match guarantee {
+            weir_api::Guarantee::ExactlyOnce => String::new(),
+            _ => format!(" ({why}; records may repeat after a failure)"),
         }
     );
     eprintln!("state: {}", storage.job_root.display);

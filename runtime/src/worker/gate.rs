@@ -1,12 +1,20 @@
 //! The input gate of a subtask with upstream channels: fair reading, and
 //! barrier alignment.
 //!
-//! When barrier n arrives on an input, that input is blocked (not read) until
-//! barrier n has arrived on every input that has not ended; then the gate
-//! hands the barrier to the subtask once and unblocks everything. So the
-//! subtask's snapshot holds exactly the records before barrier n on every
-//! input. Blocking leaves the records in the channel: the upstream sees a
-//! full channel and waits, instead of this subtask buffering without bound.
+//! Aligned (exactly-once): when barrier n arrives on an input, that input is
+//! blocked (not read) until barrier n has arrived on every input that has
+//! not ended; then the gate hands the barrier to the subtask once and
+//! unblocks everything. So the subtask's snapshot holds exactly the records
+//! before barrier n on every input. Blocking leaves the records in the
+//! channel: the upstream sees a full channel and waits, instead of this
+//! subtask buffering without bound.
+//!
+//! Tracked (at-least-once): nothing is blocked; the gate only counts which
+//! inputs delivered barrier n and hands it over once all have. Records that
+//! followed the barrier on a quick input are then in the snapshot, so a
+//! restore replays them a second time: at least once, never lost, and no
+//! input waits for a slow one. A newer barrier overtaking an older one
+//! (possible only once the older checkpoint was abandoned) replaces it.
 
 use std::future::poll_fn;
 use std::task::Poll;
@@ -25,8 +33,19 @@ pub enum GateEvent {
     End,
 }
 
+/// How the gate treats an input that delivered a barrier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Alignment {
+    /// Blocked until every input delivered it: exactly-once.
+    Aligned,
+    /// Read on: at-least-once.
+    Tracked,
+}
+
 pub struct InputGate {
     inputs: Vec<mpsc::Receiver<Message>>,
+    alignment: Alignment,
+    /// Inputs that delivered the barrier being aligned (blocked, when aligned).
     blocked: Vec<bool>,
     ended: Vec<bool>,
     aligning: Option<Barrier>,
@@ -35,9 +54,9 @@ pub struct InputGate {
 }
 
 impl InputGate {
-    pub fn new(name: String, inputs: Vec<mpsc::Receiver<Message>>) -> Self {
+    pub fn new(name: String, inputs: Vec<mpsc::Receiver<Message>>, alignment: Alignment) -> Self {
         let n = inputs.len();
-        InputGate { inputs, blocked: vec![false; n], ended: vec![false; n], aligning: None, next: 0, name }
+        InputGate { inputs, alignment, blocked: vec![false; n], ended: vec![false; n], aligning: None, next: 0, name }
     }
 
     fn live(&self) -> usize {
@@ -55,7 +74,7 @@ impl InputGate {
                 let n = self.inputs.len();
                 for k in 0..n {
                     let i = (self.next + k) % n;
-                    if self.blocked[i] || self.ended[i] {
+                    if (self.blocked[i] && self.alignment == Alignment::Aligned) || self.ended[i] {
                         continue;
                     }
                     match self.inputs[i].poll_recv(cx) {
@@ -77,6 +96,13 @@ impl InputGate {
                 Message::Barrier(b) => {
                     match &self.aligning {
                         None => self.aligning = Some(b),
+                        // Tracked inputs run ahead: a newer barrier means the
+                        // older checkpoint was abandoned; an older one is late.
+                        Some(a) if self.alignment == Alignment::Tracked && b.checkpoint_id > a.checkpoint_id => {
+                            self.blocked.iter_mut().for_each(|x| *x = false);
+                            self.aligning = Some(b);
+                        }
+                        Some(a) if self.alignment == Alignment::Tracked && b.checkpoint_id < a.checkpoint_id => continue,
                         Some(a) if a.checkpoint_id != b.checkpoint_id => {
                             return Err(Error::Job(format!(
                                 "{}: barrier {} arrived on input {i} while aligning barrier {}",
@@ -143,7 +169,7 @@ mod tests {
     async fn records_after_a_barrier_wait_until_every_input_delivered_it() {
         let (tx0, rx0) = mpsc::channel(16);
         let (tx1, rx1) = mpsc::channel(16);
-        let mut gate = InputGate::new("t".into(), vec![rx0, rx1]);
+        let mut gate = InputGate::new("t".into(), vec![rx0, rx1], Alignment::Aligned);
         // Input 0 is ahead: its barrier and a record after it are queued.
         tx0.send(batch(1)).await.unwrap();
         tx0.send(barrier(1)).await.unwrap();
@@ -166,10 +192,48 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn tracked_inputs_are_read_past_a_barrier_until_every_input_delivered_it() {
+        let (tx0, rx0) = mpsc::channel(16);
+        let (tx1, rx1) = mpsc::channel(16);
+        let mut gate = InputGate::new("t".into(), vec![rx0, rx1], Alignment::Tracked);
+        tx0.send(barrier(1)).await.unwrap();
+        tx0.send(batch(100)).await.unwrap();
+        tx0.send(batch(101)).await.unwrap();
+        // Input 1 has not delivered barrier 1: input 0's later records
+        // still come through, and the barrier waits for input 1.
+        let mut seen = vec![value(&gate.next().await.unwrap()), value(&gate.next().await.unwrap())];
+        tx1.send(batch(2)).await.unwrap();
+        tx1.send(barrier(1)).await.unwrap();
+        for _ in 0..2 {
+            seen.push(value(&gate.next().await.unwrap()));
+        }
+        assert_eq!(seen, vec![100, 101, 2, -1]);
+    }
+
+    #[tokio::test]
+    async fn a_tracked_gate_gives_up_an_abandoned_barrier_for_a_newer_one() {
+        let (tx0, rx0) = mpsc::channel(16);
+        let (tx1, rx1) = mpsc::channel(16);
+        let mut gate = InputGate::new("t".into(), vec![rx0, rx1], Alignment::Tracked);
+        tx0.send(barrier(1)).await.unwrap();
+        tx0.send(barrier(2)).await.unwrap();
+        tx0.send(batch(7)).await.unwrap();
+        // Input 0 delivers 1 and 2 before input 1 delivers 1: checkpoint 1
+        // is given up, its late barrier on input 1 ignored, and 2 released.
+        assert_eq!(value(&gate.next().await.unwrap()), 7);
+        tx1.send(barrier(1)).await.unwrap();
+        tx1.send(barrier(2)).await.unwrap();
+        assert_eq!(value(&gate.next().await.unwrap()), -2);
+        tx0.send(Message::End).await.unwrap();
+        tx1.send(Message::End).await.unwrap();
+        assert!(matches!(gate.next().await.unwrap(), GateEvent::End));
+    }
+
+    #[tokio::test]
     async fn an_ended_input_does_not_hold_back_alignment() {
         let (tx0, rx0) = mpsc::channel(16);
         let (tx1, rx1) = mpsc::channel(16);
-        let mut gate = InputGate::new("t".into(), vec![rx0, rx1]);
+        let mut gate = InputGate::new("t".into(), vec![rx0, rx1], Alignment::Aligned);
         tx0.send(barrier(5)).await.unwrap();
         tx0.send(Message::End).await.unwrap();
         tx1.send(barrier(5)).await.unwrap();
@@ -181,7 +245,7 @@ mod tests {
     #[tokio::test]
     async fn a_vanished_upstream_is_an_error() {
         let (tx0, rx0) = mpsc::channel(16);
-        let mut gate = InputGate::new("t".into(), vec![rx0]);
+        let mut gate = InputGate::new("t".into(), vec![rx0], Alignment::Aligned);
         drop(tx0);
         assert!(gate.next().await.is_err());
     }

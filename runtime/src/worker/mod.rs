@@ -47,7 +47,8 @@ pub use start::{run, Placement};
 use protocol::{framed, send, ToCoordinator, ToWorker};
 use restore::RestoreFrom;
 use start::restore_state;
-use gate::InputGate;
+use gate::{Alignment, InputGate};
+use weir_api::Guarantee;
 use subtask::{Counters, Input, Notification, Output, Subtask};
 
 pub struct WorkerConfig {
@@ -331,6 +332,8 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     // Subtask 0 of the sink cleans up after earlier attempts; it must keep
     // whatever any retained snapshot (or the restored one) still references.
     let keep = if hosted.contains(&0) { Some(restore::referenced_sink_files(&storage, restored.as_ref()).await?) } else { None };
+    // Alignment is what exactly-once costs; a job promising less skips it.
+    let alignment = if spec.guarantee() == Guarantee::ExactlyOnce { Alignment::Aligned } else { Alignment::Tracked };
     let mut tasks = JoinSet::new();
     for (stage_index, stage) in plan.stages.iter().enumerate() {
         for &j in &hosted {
@@ -340,7 +343,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                 Input::Source { reader, triggers }
             } else {
                 let rxs = gates.remove(&(stage_index, j)).ok_or_else(|| Error::Job("input gate taken twice".into()))?;
-                Input::Gate(InputGate::new(format!("stage {stage_index} subtask {j}"), rxs))
+                Input::Gate(InputGate::new(format!("stage {stage_index} subtask {j}"), rxs, alignment))
             };
             let mut operators = Vec::new();
             let mut schema = stage.input_schema.clone();

@@ -36,6 +36,7 @@ pub async fn run(cfg: WorkerConfig) -> Result<()> {
             job: spec.name.clone(),
             phase: "awaiting-membership".into(),
             guarantee: spec.guarantee().to_string(),
+            guarantee_reason: spec.guarantee_and_reason().1,
             parallelism: spec.parallelism,
             ..Default::default()
         },

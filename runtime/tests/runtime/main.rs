@@ -9,6 +9,7 @@ mod common;
 
 mod bad_input;
 mod exactly_once;
+mod guarantees;
 mod kafka;
 mod kafka_security;
 mod lifecycle;
