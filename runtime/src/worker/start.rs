@@ -28,6 +28,7 @@ pub enum Placement {
 /// until the job finishes (Ok) or the run fails.
 pub async fn run(cfg: WorkerConfig) -> Result<()> {
     let spec = &cfg.plan.spec;
+    let (guarantee, guarantee_reason) = spec.guarantee_and_reason();
     let control = Control::new(
         cfg.token.clone(),
         cfg.index,
@@ -35,8 +36,8 @@ pub async fn run(cfg: WorkerConfig) -> Result<()> {
         JobStatus {
             job: spec.name.clone(),
             phase: "awaiting-membership".into(),
-            guarantee: spec.guarantee().to_string(),
-            guarantee_reason: spec.guarantee_and_reason().1,
+            guarantee: guarantee.to_string(),
+            guarantee_reason,
             parallelism: spec.parallelism,
             ..Default::default()
         },

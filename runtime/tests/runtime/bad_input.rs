@@ -141,13 +141,6 @@ fn output_lines(dir: &std::path::Path) -> Vec<serde_json::Value> {
 }
 
 /// The failure is reported once, as fatal: no restart, exit code 3.
-fn assert_fatal_at_once(out: &std::process::Output) -> String {
-    let err = stderr(out);
-    assert_eq!(out.status.code(), Some(3), "{err}");
-    assert!(!err.contains("restarting"), "a deterministic failure was retried:\n{err}");
-    assert!(err.contains("cannot be restarted"), "{err}");
-    err
-}
 
 #[test]
 fn a_division_by_zero_in_a_select_fails_at_once_naming_the_step_and_the_record() {

@@ -5,7 +5,7 @@
 //! format are refused with the reason, and the refusal touches nothing.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::*;
 
@@ -13,25 +13,10 @@ use crate::common::*;
 /// and returns the savepoint's location.
 fn stop_with_savepoint(job: &Job) -> String {
     let child = job.spawn(&[]);
-    let start = Instant::now();
-    let sp = loop {
-        assert!(start.elapsed() < Duration::from_secs(30), "no savepoint could be taken");
-        std::thread::sleep(Duration::from_millis(300));
-        let out = job.weir(&["savepoint", "--state-dir", "state", "--stop"]).output().unwrap();
-        if out.status.success() {
-            break String::from_utf8_lossy(&out.stdout).trim().to_string();
-        }
-    };
+    let sp = job.take_savepoint_with(&["--stop"]);
     let out = wait_with_timeout(child, Duration::from_secs(30));
     assert!(out.status.success(), "{}", stderr(&out));
     sp
-}
-
-fn fatal(out: &std::process::Output) -> String {
-    let err = stderr(out);
-    assert_eq!(out.status.code(), Some(3), "not refused as a fatal error:\n{err}");
-    assert!(!err.contains("restarting"), "a refusal was retried:\n{err}");
-    err
 }
 
 #[test]
@@ -54,7 +39,7 @@ fn state_of_a_removed_stateful_step_is_refused_naming_it_unless_allowed() {
     let yaml = std::fs::read_to_string(job.path("pipeline.yaml")).unwrap();
     job.write_pipeline(&yaml.replace("  - running_count: count\n", ""));
     let before = tree_digest(job.dir.path());
-    let err = fatal(&job.run(&["--restore", &sp]));
+    let err = assert_refused(&job.run(&["--restore", &sp]));
     assert!(err.contains("running_count-0") && err.contains("no longer has") && err.contains("--allow-non-restored-state"), "{err}");
     assert_eq!(tree_digest(job.dir.path()), before, "a refused restore changed files");
     // Allowed, the job goes on from the savepoint without the count.
@@ -92,9 +77,9 @@ fn a_future_version_or_a_damaged_savepoint_is_refused_and_nothing_is_touched() {
     std::fs::write(&state_file, &bytes[..bytes.len() / 2]).unwrap();
 
     let before = tree_digest(job.dir.path());
-    let err = fatal(&job.run(&["--restore", future.to_str().unwrap()]));
+    let err = assert_refused(&job.run(&["--restore", future.to_str().unwrap()]));
     assert!(err.contains("future-savepoint") && err.contains("format version 2") && err.contains("reads version 1"), "{err}");
-    let err = fatal(&job.run(&["--restore", truncated.to_str().unwrap()]));
+    let err = assert_refused(&job.run(&["--restore", truncated.to_str().unwrap()]));
     let name = state_file.file_name().unwrap().to_string_lossy().to_string();
     assert!(err.contains("truncated-savepoint") && err.contains(&name), "{err}");
     assert_eq!(tree_digest(job.dir.path()), before, "a refused restore changed files");

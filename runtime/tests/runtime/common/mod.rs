@@ -162,11 +162,16 @@ impl Job {
     /// Takes a savepoint of the running job (retrying until it is up, 30 s
     /// at most) and returns its location as `weir savepoint` prints it.
     pub fn take_savepoint(&self) -> String {
+        self.take_savepoint_with(&[])
+    }
+
+    /// [`Job::take_savepoint`] with more `weir savepoint` arguments (`--stop`).
+    pub fn take_savepoint_with(&self, extra: &[&str]) -> String {
         let start = Instant::now();
         loop {
             assert!(start.elapsed() < Duration::from_secs(30), "no savepoint could be taken");
             std::thread::sleep(Duration::from_millis(300));
-            let out = self.weir(&["savepoint", "--state-dir", &self.state]).output().unwrap();
+            let out = self.weir(&["savepoint", "--state-dir", &self.state]).args(extra).output().unwrap();
             if out.status.success() {
                 return String::from_utf8_lossy(&out.stdout).trim().to_string();
             }
@@ -462,6 +467,23 @@ pub fn wait_with_timeout(mut child: Child, limit: Duration) -> Output {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Checks that `weir` stopped with a fatal error (exit code 3) and never
+/// retried it, and returns its standard error: a refusal before the run.
+pub fn assert_refused(out: &Output) -> String {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(!err.contains("restarting"), "a deterministic failure was retried:\n{err}");
+    err
+}
+
+/// [`assert_refused`] for a failure met while running: the job says it
+/// cannot be restarted.
+pub fn assert_fatal_at_once(out: &Output) -> String {
+    let err = assert_refused(out);
+    assert!(err.contains("cannot be restarted"), "{err}");
+    err
 }
 
 pub fn stderr(o: &Output) -> String {
