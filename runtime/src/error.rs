@@ -48,6 +48,11 @@ pub enum Error {
     #[error("source file {path}: {message}")]
     SourceFile { path: PathBuf, message: String },
 
+    /// A line of a source that is not a file (a socket) that the source
+    /// cannot decode, under `bad_lines: fail`.
+    #[error("{source_name}: {message}")]
+    SourceLine { source_name: String, message: String },
+
     #[error("connection to {peer}: {message}")]
     Network { peer: String, message: String },
 
@@ -145,6 +150,7 @@ impl Error {
             | Error::Plan { .. }
             | Error::Expression { .. }
             | Error::SourceFile { .. }
+            | Error::SourceLine { .. }
             | Error::BadCheckpoint { .. }
             | Error::StateDir { .. }
             | Error::Record { .. }

@@ -111,7 +111,9 @@ pub fn source_schema(spec: &SourceSpec) -> SchemaRef {
             Field::new("key", DataType::Int64, false),
             Field::new("value", DataType::Int64, false),
         ])),
-        SourceSpec::File(weir_api::FileSourceSpec { schema, .. }) | SourceSpec::Kafka(weir_api::KafkaSourceSpec { schema, .. }) => Arc::new(Schema::new(
+        SourceSpec::File(weir_api::FileSourceSpec { schema, .. })
+        | SourceSpec::Kafka(weir_api::KafkaSourceSpec { schema, .. })
+        | SourceSpec::Socket(weir_api::SocketSourceSpec { schema, .. }) => Arc::new(Schema::new(
             schema
                 .0
                 .iter()

@@ -73,7 +73,9 @@ impl State for Running {
         // The watchdog on checkpoint progress: pods can all look healthy
         // while the job is stuck (a wedged subtask, storage that hangs).
         let mut stalling = None;
-        if let Some(limit) = spec.checkpoint.progress_limit() {
+        // An at-most-once job takes no checkpoints: nothing to watch.
+        let takes_checkpoints = !matches!(cx.validation, Ok((weir_api::Guarantee::AtMostOnce, _)));
+        if let Some(limit) = spec.checkpoint.progress_limit().filter(|_| takes_checkpoints) {
             let since = st.last_checkpoint.as_ref().map(|c| c.time.0).filter(|t| *t > run.started_at.0).unwrap_or(run.started_at.0);
             let stalled = Duration::try_from(cx.now.duration_since(since)).unwrap_or_default();
             if stalled >= limit {
@@ -104,6 +106,13 @@ impl State for Running {
                 if what == "upgrade" { " (to upgrade without a savepoint, set upgradeMode: last-state or stateless)" } else { "" }
             );
             return Step::stay::<Running>().message(m.clone()).degraded("SavepointFailed", m).requeue(wait);
+        }
+        if spec.state == JobState::Suspended && !takes_checkpoints {
+            // Nothing to keep: the pods stop, and a resumed job starts without state.
+            return Step::to::<Running, Suspending>()
+                .event("Suspending", "stopping the pods; the job is at-most-once and takes no savepoint")
+                .message("suspending: stopping the pods (at-most-once: no savepoint)")
+                .requeue(Duration::ZERO);
         }
         if spec.state == JobState::Suspended {
             let effects = savepoint::begin(cx, st, SavepointReason::Suspend);

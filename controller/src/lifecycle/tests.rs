@@ -1205,3 +1205,59 @@ fn a_pod_on_a_node_whose_kubelet_is_gone_is_not_waited_for() {
     let waited = Duration::try_from(started.expect("the new run waited for the lost node's pod").duration_since(failed_at)).unwrap();
     assert!(waited < Duration::from_secs(5), "waited {waited:?} for a pod whose kubelet is gone");
 }
+
+fn at_most_once_job() -> StreamJob {
+    JobBuilder::new("j")
+        .spec(|s| {
+            s.pipeline.0["guarantee"] = serde_json::json!("at-most-once");
+            s.upgrade_mode = UpgradeMode::Stateless;
+            s.checkpoint.progress_timeout = Some(weir_api::pipeline::HumanDuration::from_millis(60_000));
+        })
+        .build()
+}
+
+/// An at-most-once job completes no checkpoint by design: the progress
+/// watchdog must not take that for a stuck run.
+#[test]
+fn an_at_most_once_job_is_never_restarted_for_lack_of_checkpoints() {
+    let mut w = World::running(at_most_once_job());
+    let run = w.run_id();
+    for _ in 0..10 {
+        w.advance(Duration::from_secs(60));
+        let d = w.step();
+        assert!(!d.status.conditions.iter().any(|c| c.type_ == "Degraded" && c.status == "True"), "{:?}", d.status.conditions);
+    }
+    assert_eq!((w.phase(), w.run_id()), (Some(Phase::Running), run));
+}
+
+/// Suspending an at-most-once job asks for no savepoint (it would be
+/// refused): the pods stop and the job is suspended.
+#[test]
+fn an_at_most_once_job_suspends_without_a_savepoint() {
+    let mut w = World::running(at_most_once_job());
+    w.job.spec.state = JobState::Suspended;
+    let ds = w.until(Phase::Suspending);
+    assert!(savepoint_requests(&ds).is_empty(), "{:?}", effects(&ds));
+    let d = w.step();
+    assert_eq!(d.effects, vec![Effect::DeleteAllPods]);
+    w.pods.clear();
+    w.coordinator = None;
+    w.until(Phase::Suspended);
+}
+
+/// A socket cannot replay: the StreamJob's status says the job is
+/// at-most-once and why, whatever the pipeline asked for.
+#[test]
+fn a_socket_source_job_shows_at_most_once_and_why_in_its_status() {
+    let job = JobBuilder::new("j")
+        .spec(|s| {
+            s.pipeline.0["source"] = serde_json::json!({"socket": {"address": "feed.events.svc:9000", "schema": {"id": "int64"}}});
+            s.upgrade_mode = UpgradeMode::Stateless;
+        })
+        .build();
+    let w = World::running(job);
+    let st = w.job.status.clone().unwrap();
+    assert_eq!(st.guarantee, Some(weir_api::Guarantee::AtMostOnce));
+    let why = st.guarantee_reason.unwrap();
+    assert!(why.contains("socket source cannot replay"), "{why}");
+}

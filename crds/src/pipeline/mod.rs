@@ -23,7 +23,7 @@ pub use duration::HumanDuration;
 pub use kafka::{BadMessages, Isolation, KafkaSinkSpec, KafkaSourceSpec, StartPosition, StopPosition};
 pub use postgres_sink::{PostgresMode, PostgresSinkSpec};
 pub use sink::{FileFormat, FileSinkSpec, Guarantee, SinkSpec};
-pub use source::{BadLines, FieldType, FileSourceSpec, GeneratorSpec, SourceSpec};
+pub use source::{BadLines, FieldType, FileSourceSpec, GeneratorSpec, SocketSourceSpec, SourceSpec};
 pub use step::{step_ids, AggregateSpec, Step, StepKind};
 
 /// Keyed state is split into this many key groups unless the pipeline says
@@ -46,7 +46,10 @@ pub struct PipelineSpec {
     /// What the job promises: `exactly-once` (the default: aligned
     /// barriers, sinks commit with checkpoints) or `at-least-once` (no
     /// alignment, so no input waits for a slow one; a restore may repeat
-    /// records). The effective guarantee is the weakest of this, the
+    /// records) or `at-most-once` (no checkpoints and no replay: sources
+    /// record how far they have read before they emit, sinks publish as
+    /// they write, and a new run starts without state where the sources
+    /// left off; records in flight at a failure are lost). The effective guarantee is the weakest of this, the
     /// source's and the sink's; the job's status says which and why.
     #[serde(default = "sink::exactly_once")]
     pub guarantee: Guarantee,
@@ -241,12 +244,6 @@ impl PipelineSpec {
         }
         if self.checkpoint.timeout.is_zero() {
             return Err(src.invalid("checkpoint.timeout", "expected a duration above 0"));
-        }
-        if self.guarantee == Guarantee::AtMostOnce {
-            return Err(src.invalid(
-                "guarantee",
-                "expected exactly-once or at-least-once (at-most-once, no checkpoints and no replay, is not built yet)",
-            ));
         }
         self.source.validate(src)?;
         self.sink.validate(src)?;

@@ -167,12 +167,6 @@ impl SinkSpec {
                     format!("{} bytes is too big for s3:// output: expected at most {MAX_S3_FILE_BYTES} (4 GiB; S3 copies at most 5 GiB in one request)", f.max_file_bytes()),
                 ));
             }
-            if f.guarantee == Guarantee::AtMostOnce {
-                return Err(src.invalid(
-                    "sink.file.guarantee",
-                    "expected exactly-once or at-least-once",
-                ));
-            }
         }
         Ok(())
     }

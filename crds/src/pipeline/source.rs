@@ -16,6 +16,30 @@ pub enum SourceSpec {
     File(FileSourceSpec),
     /// JSON objects in the messages of a Kafka topic, offsets kept in checkpoints.
     Kafka(super::kafka::KafkaSourceSpec),
+    /// JSON lines read from a TCP server (`address: HOST:PORT`), decoded
+    /// like the file source's. A socket cannot replay what it sent before a
+    /// failure, so a job reading one is at-most-once, and says so.
+    Socket(SocketSourceSpec),
+}
+
+/// Newline-delimited JSON objects from a TCP server. Subtask 0 connects and
+/// reads; the other subtasks of the source have nothing to read. The source
+/// ends when the server closes the connection; a connection that cannot be
+/// made or breaks fails the run, and the next run connects again and reads
+/// what the server sends from then on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SocketSourceSpec {
+    /// The server: `HOST:PORT` (`[IPv6]:PORT` for an IPv6 address).
+    pub address: String,
+    /// The fields of each line, in order, with their types.
+    pub schema: Schema,
+    /// Lines per record batch (a batch is emitted sooner when no more lines are waiting).
+    #[serde(default = "default_batch_size")]
+    pub batch_size: u32,
+    /// What a bad line does: `fail` (the default) or `skip` (left out, logged, counted).
+    #[serde(default)]
+    pub bad_lines: BadLines,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -98,6 +122,7 @@ impl SourceSpec {
             SourceSpec::Generator(_) => "generator",
             SourceSpec::File(_) => "file",
             SourceSpec::Kafka(_) => "kafka",
+            SourceSpec::Socket(_) => "socket",
         }
     }
 
@@ -105,6 +130,7 @@ impl SourceSpec {
     pub fn replayable(&self) -> bool {
         match self {
             SourceSpec::Generator(_) | SourceSpec::File(_) | SourceSpec::Kafka(_) => true,
+            SourceSpec::Socket(_) => false,
         }
     }
 
@@ -133,6 +159,24 @@ impl SourceSpec {
                 }
             }
             SourceSpec::Kafka(k) => k.validate(src)?,
+            SourceSpec::Socket(sock) => {
+                let port = sock.address.rsplit_once(':').map(|(host, port)| (host.trim_start_matches('[').trim_end_matches(']'), port));
+                if !matches!(port, Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)) {
+                    return Err(src.invalid(
+                        "source.socket.address",
+                        format!("{:?}: expected HOST:PORT, e.g. `localhost:9000` or `[::1]:9000`", sock.address),
+                    ));
+                }
+                if sock.schema.0.is_empty() {
+                    return Err(src.invalid(
+                        "source.socket.schema",
+                        "expected at least one field, e.g. `schema: {id: int64, name: string}`",
+                    ));
+                }
+                if sock.batch_size == 0 {
+                    return Err(src.invalid("source.socket.batch_size", "expected at least 1"));
+                }
+            }
         }
         Ok(())
     }

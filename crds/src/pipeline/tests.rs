@@ -106,8 +106,34 @@ fn the_effective_guarantee_is_the_weakest_part_and_says_which() {
     let (g, why) = spec("", "stdout: {}").unwrap().guarantee_and_reason();
     assert_eq!(g, Guarantee::AtLeastOnce);
     assert!(why.contains("stdout sink"), "{why}");
-    let err = spec("guarantee: at-most-once\n", "file: {path: out}").unwrap_err().to_string();
-    assert!(err.contains("guarantee") && err.contains("not built yet"), "{err}");
+    let (g, why) = spec("guarantee: at-most-once\n", "file: {path: out}").unwrap().guarantee_and_reason();
+    assert_eq!(g, Guarantee::AtMostOnce);
+    assert!(why.contains("`guarantee` setting asks for at-most-once"), "{why}");
+}
+
+#[test]
+fn a_socket_source_makes_the_job_at_most_once_and_says_why() {
+    let text = "name: t\nsource:\n  socket:\n    address: localhost:9000\n    schema: {id: int64}\nsink:\n  file: {path: out}\n";
+    let spec = parse(text).unwrap();
+    let SourceSpec::Socket(s) = &spec.source else { panic!("not a socket source") };
+    assert_eq!((s.address.as_str(), s.batch_size), ("localhost:9000", 1024));
+    let (g, why) = spec.guarantee_and_reason();
+    assert_eq!(g, Guarantee::AtMostOnce);
+    assert!(why.contains("socket source cannot replay"), "{why}");
+    // Asking for more does not make it so.
+    let (g, _) = parse(&text.replace("name: t\n", "name: t\nguarantee: exactly-once\n")).unwrap().guarantee_and_reason();
+    assert_eq!(g, Guarantee::AtMostOnce);
+}
+
+#[test]
+fn a_socket_address_without_a_port_is_refused_naming_the_field() {
+    for bad in ["localhost", "localhost:", ":9000", "localhost:0", "localhost:99999", "[::1]"] {
+        let text = format!("name: t\nsource:\n  socket:\n    address: \"{bad}\"\n    schema: {{id: int64}}\nsink:\n  blackhole: {{}}\n");
+        let err = parse(&text).unwrap_err().to_string();
+        assert!(err.contains("source.socket.address") && err.contains("HOST:PORT"), "{bad}: {err}");
+    }
+    let ok = "name: t\nsource:\n  socket:\n    address: \"[::1]:9000\"\n    schema: {id: int64}\nsink:\n  blackhole: {}\n";
+    parse(ok).unwrap();
 }
 
 #[test]

@@ -188,6 +188,17 @@ impl StreamJobSpec {
                 ));
             }
         }
+        if pipeline.guarantee() == crate::Guarantee::AtMostOnce && self.upgrade_mode != super::UpgradeMode::Stateless {
+            let (_, why) = pipeline.guarantee_and_reason();
+            // Savepoint and last-state upgrades restore a snapshot, and an
+            // at-most-once job takes none: refused here, not by a failing upgrade.
+            return Err(spec_invalid(
+                "upgradeMode",
+                format!(
+                    "the job is at-most-once ({why}): it takes no checkpoints or savepoints to upgrade from; expected upgradeMode: stateless"
+                ),
+            ));
+        }
         let backoff = &self.restart_backoff;
         if backoff.initial > backoff.max {
             return Err(spec_invalid(

@@ -51,6 +51,9 @@ pub struct CoordinatorConfig {
     pub workers: usize,
     /// Zero: no periodic checkpoints (savepoints and the final checkpoint still happen).
     pub interval: Duration,
+    /// False for an at-most-once job: no snapshot is ever written. Savepoints
+    /// are refused, and the final barrier only flushes the sinks.
+    pub snapshots: bool,
     pub timeout: Duration,
     pub retain: usize,
     pub storage: CheckpointStorage,
@@ -155,7 +158,12 @@ pub async fn run(cfg: CoordinatorConfig, listener: TcpListener, mut api: mpsc::R
             }
             req = api.recv() => {
                 if let Some(ApiRequest::Savepoint { request_id, stop }) = req {
-                    if c.final_completed {
+                    if !c.cfg.snapshots {
+                        c.cfg.savepoints.fail(
+                            &request_id,
+                            "the job is at-most-once: it takes no checkpoints or savepoints (stop it and start it again without state; on Kubernetes, upgradeMode: stateless)",
+                        );
+                    } else if c.final_completed {
                         c.cfg.savepoints.fail(&request_id, "the job has finished; no savepoint can be taken");
                     } else if let Some(id) = c.stopped_by {
                         c.cfg.savepoints.fail(&request_id, format!("the job was stopped with savepoint {id}; it takes no further snapshot"));
@@ -395,6 +403,15 @@ impl Coordinator {
     async fn trigger(&mut self, kind: SnapshotKind, is_final: bool, request: Option<Ask>) {
         let id = self.next_id;
         self.next_id += 1;
+        if !self.cfg.snapshots {
+            // The final barrier of an at-most-once job: no directory, no state.
+            tracing::debug!(id, "triggering the final flush");
+            self.broadcast(ToWorker::Trigger(Barrier { checkpoint_id: id, savepoint: false, is_final, dir: String::new() }));
+            self.last_trigger = Instant::now();
+            self.set_phase("finishing");
+            self.pending = Some(Pending { id, kind, is_final, dir: String::new(), started: Instant::now(), acks: HashMap::new(), request });
+            return;
+        }
         let dir = match kind {
             SnapshotKind::Checkpoint => CheckpointStorage::checkpoint_dir(id),
             SnapshotKind::Savepoint => CheckpointStorage::savepoint_dir(id),
@@ -449,6 +466,13 @@ impl Coordinator {
 
     async fn complete_pending(&mut self) {
         let Some(mut p) = self.pending.take() else { return };
+        if !self.cfg.snapshots {
+            // Every sink has flushed: the job is done, and nothing is written.
+            tracing::info!(id = p.id, "final flush complete");
+            self.broadcast(ToWorker::Complete { checkpoint_id: p.id });
+            self.final_completed = p.is_final;
+            return;
+        }
         let mut meta = CheckpointMetadata::new(&self.cfg.job, p.id, p.kind, self.cfg.parallelism, self.cfg.max_parallelism, p.is_final);
         for (_, ack) in p.acks.drain() {
             meta.add(ack);
@@ -556,11 +580,14 @@ impl Coordinator {
             self.cfg.savepoints.fail(&ask.request_id, format!("savepoint {} failed: {reason}", p.id));
         }
         // The owner record stays, so that no later run reuses the id while a
-        // straggling state write of this one may still land in it.
-        let dir = self.cfg.storage.dir(&p.dir);
-        tokio::spawn(async move {
-            let _ = dir.delete_all_but(Some("_owner")).await;
-        });
+        // straggling state write of this one may still land in it. (An
+        // at-most-once flush has no directory: `dir("")` is the job's root.)
+        if self.cfg.snapshots {
+            let dir = self.cfg.storage.dir(&p.dir);
+            tokio::spawn(async move {
+                let _ = dir.delete_all_but(Some("_owner")).await;
+            });
+        }
         if p.is_final {
             // Sources have already ended after the final barrier; the run
             // cannot take another one. Failing makes the supervisor restore
@@ -604,6 +631,7 @@ mod tests {
             stages: 1,
             workers: 1,
             interval: Duration::from_millis(50),
+            snapshots: true,
             timeout: Duration::from_millis(200),
             retain: 3,
             storage: storage.clone(),
@@ -661,6 +689,7 @@ mod tests {
             stages: 1,
             workers: 2,
             interval: Duration::ZERO,
+            snapshots: true,
             timeout: Duration::from_secs(5),
             retain: 3,
             storage,
@@ -696,6 +725,7 @@ mod tests {
             stages: 1,
             workers: 1,
             interval: Duration::from_millis(30),
+            snapshots: true,
             timeout: Duration::from_secs(5),
             retain: 3,
             storage,

@@ -78,9 +78,18 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
     storage.check_writable().await?;
     let base_dir = std::env::current_dir().map_err(Error::io("current directory"))?;
 
+    // An at-most-once job restores no snapshot: with `--restore latest` its
+    // workers resume where the sources last read (`worker/read_marks.rs`).
+    let at_most_once = spec.guarantee() == weir_api::Guarantee::AtMostOnce;
+    let mut resume = at_most_once && opts.restore == Some(RestoreFrom::Latest);
+    if at_most_once {
+        if let Some(RestoreFrom::Path(path)) = &opts.restore {
+            return Err(crate::worker::at_most_once_refuses(path));
+        }
+    }
     // What to restore is checked before anything is written: a bad
     // snapshot or a running job leaves the state and output untouched.
-    let mut restore = resolve_restore(&opts, &storage, &spec, &plan_for_checks, true).await?;
+    let mut restore = if at_most_once { None } else { resolve_restore(&opts, &storage, &spec, &plan_for_checks, true).await? };
     // One run of a job at a time: its state directory (and a file sink's
     // output directory) stay locked while any process of this run lives.
     let holder = Holder {
@@ -111,7 +120,7 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
     };
     // Under the lock, `latest` cannot move any more; resolve it again in
     // case another run moved it in between.
-    if opts.restore == Some(RestoreFrom::Latest) {
+    if opts.restore == Some(RestoreFrom::Latest) && !at_most_once {
         let now = resolve_restore(&opts, &storage, &spec, &plan_for_checks, false).await?;
         if now.as_ref().map(|l| &l.display) != restore.as_ref().map(|l| &l.display) {
             restore = resolve_restore(&opts, &storage, &spec, &plan_for_checks, true).await?;
@@ -129,21 +138,22 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
     let workers = opts.workers.unwrap_or(spec.parallelism).clamp(1, spec.parallelism);
     let (guarantee, why) = spec.guarantee_and_reason();
     eprintln!(
-        "running `{}`: parallelism {}, {} worker process{}, {} checkpoints every {}, guarantee {}{}",
+        "running `{}`: parallelism {}, {} worker process{}, {}, guarantee {}{}",
         spec.name,
         spec.parallelism,
         workers,
         if workers == 1 { "" } else { "es" },
         match (spec.checkpoint.mode, guarantee) {
-            (weir_api::CheckpointMode::Aligned, weir_api::Guarantee::ExactlyOnce) => "aligned",
+            (_, weir_api::Guarantee::AtMostOnce) => format!("no checkpoints (sinks publish every {})", spec.checkpoint.interval),
+            (weir_api::CheckpointMode::Aligned, weir_api::Guarantee::ExactlyOnce) => format!("aligned checkpoints every {}", spec.checkpoint.interval),
             // At-least-once does not align barriers (see worker/gate.rs).
-            _ => "non-aligned",
+            _ => format!("non-aligned checkpoints every {}", spec.checkpoint.interval),
         },
-        spec.checkpoint.interval,
         guarantee,
         match guarantee {
             weir_api::Guarantee::ExactlyOnce => String::new(),
-            _ => format!(" ({why}; records may repeat after a failure)"),
+            weir_api::Guarantee::AtLeastOnce => format!(" ({why}; records may repeat after a failure)"),
+            weir_api::Guarantee::AtMostOnce => format!(" ({why}; records in flight at a failure are lost, none is repeated)"),
         }
     );
     eprintln!("state: {}", storage.job_root.display);
@@ -190,6 +200,9 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
             if let Some(loc) = &restore {
                 cmd.arg("--restore").arg(&loc.display);
             }
+            if resume {
+                cmd.arg("--restore").arg("latest");
+            }
             if opts.allow_non_restored_state {
                 cmd.arg("--allow-non-restored-state");
             }
@@ -226,6 +239,7 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
         tracing::info!(attempt, run_id = %run_id, workers, restore = restore.as_ref().map(|l| l.display.clone()), "workers started");
 
         let checkpoint_before = latest_id(&storage).await;
+        let attempt_started = Instant::now();
         let outcome = supervise(&mut children, cluster.api, &token, &mut progress, restarts).await;
         progress.finish_line();
         match outcome {
@@ -248,7 +262,12 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
             Outcome::Failed(msg) => {
                 restarts += 1;
                 attempt += 1;
-                let progressed = latest_id(&storage).await > checkpoint_before;
+                // Without checkpoints to tell progress by, an at-most-once
+                // attempt that ran a while made some.
+                let progressed = match at_most_once {
+                    true => attempt_started.elapsed() >= AT_MOST_ONCE_PROGRESS,
+                    false => latest_id(&storage).await > checkpoint_before,
+                };
                 failures_in_a_row = if progressed { 1 } else { failures_in_a_row + 1 };
                 if failures_in_a_row > opts.max_restarts {
                     return Err(Error::Job(format!("{msg}; gave up after {} restarts in a row without a completed checkpoint", opts.max_restarts)));
@@ -256,8 +275,13 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
                 let backoff = Duration::from_millis(100u64 << (failures_in_a_row - 1).min(6));
                 // `latest` belongs to this run's lineage (set at its start):
                 // its newest checkpoint, or where the run started.
-                restore = storage.latest().await?;
-                let from = restore.as_ref().map(|l| l.display.clone()).unwrap_or_else(|| "the beginning (no checkpoint yet)".into());
+                let from = if at_most_once {
+                    resume = true;
+                    "where the sources last read (at-most-once: no state is restored)".to_string()
+                } else {
+                    restore = storage.latest().await?;
+                    restore.as_ref().map(|l| l.display.clone()).unwrap_or_else(|| "the beginning (no checkpoint yet)".into())
+                };
                 eprintln!("{msg}; restarting in {:.1}s from {from} (restart {restarts})", backoff.as_secs_f64());
                 tracing::warn!(restarts, backoff_ms = backoff.as_millis() as u64, from = %from, "restoring the job");
                 tokio::time::sleep(backoff).await;
@@ -265,6 +289,10 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
         }
     }
 }
+
+/// How long an at-most-once attempt must run for its failure not to count
+/// as one more in a row (`--max-restarts`).
+const AT_MOST_ONCE_PROGRESS: Duration = Duration::from_secs(10);
 
 async fn release(lease: &mut Option<RunLease>) {
     if let Some(l) = lease.take() {

@@ -181,7 +181,7 @@ impl Split {
 
 /// Logs skipped lines: each of the first few, then at most one line every
 /// few seconds with how many were skipped meanwhile.
-struct SkipLog {
+pub(super) struct SkipLog {
     logged: u64,
     last: Option<Instant>,
     unlogged: u64,
@@ -191,15 +191,20 @@ impl SkipLog {
     const FIRST: u64 = 10;
     const EVERY: Duration = Duration::from_secs(5);
 
-    fn skipped(&mut self, path: &Path, line: u64, message: &str) {
+    pub(super) fn new() -> SkipLog {
+        SkipLog { logged: 0, last: None, unlogged: 0 }
+    }
+
+    /// Logs a skipped line of `origin` (a file's path, a socket's address),
+    /// the first ten and then one per five seconds.
+    pub(super) fn skipped(&mut self, origin: &dyn std::fmt::Display, line: u64, message: &str) {
         let now = Instant::now();
         if self.logged < Self::FIRST || self.last.is_none_or(|t| now.duration_since(t) >= Self::EVERY) {
             tracing::warn!(
-                file = %path.display(),
+                source = %origin,
                 line,
                 skipped_without_message = self.unlogged,
-                "bad line skipped (bad_lines: skip): {}:{line}: {message}",
-                path.display()
+                "bad line skipped (bad_lines: skip): {origin}:{line}: {message}"
             );
             self.logged += 1;
             self.last = Some(now);
@@ -295,7 +300,7 @@ impl FileReader {
             bad_lines: spec.bad_lines,
             line: Vec::new(),
             unreported_skipped,
-            skip_log: SkipLog { logged: 0, last: None, unlogged: 0 },
+            skip_log: SkipLog::new(),
         })
     }
 
@@ -356,7 +361,7 @@ impl FileReader {
                         BadLines::Skip => {
                             split.mark.skipped += 1;
                             *unreported_skipped += 1;
-                            skip_log.skipped(&split.path, number, &format!("column {}: {}", bad.column, bad.message));
+                            skip_log.skipped(&split.path.display(), number, &format!("column {}: {}", bad.column, bad.message));
                         }
                     }
                 }

@@ -11,6 +11,7 @@ mod file;
 mod generator;
 mod json;
 mod kafka;
+mod socket;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -45,6 +46,7 @@ pub enum SourceReader {
     Generator(GeneratorReader),
     File(FileReader),
     Kafka(kafka::KafkaReader),
+    Socket(socket::SocketReader),
 }
 
 /// What to do next.
@@ -87,6 +89,7 @@ impl SourceReader {
                 let restored = (!restored.is_empty()).then_some(&positions);
                 SourceReader::Kafka(kafka::KafkaReader::new(k, schema, subtask, parallelism, restored)?)
             }
+            SourceSpec::Socket(s) => SourceReader::Socket(socket::SocketReader::new(s, schema, subtask)?),
         })
     }
 
@@ -95,6 +98,7 @@ impl SourceReader {
             SourceReader::Generator(g) => Ok(g.poll()),
             SourceReader::File(f) => f.poll(),
             SourceReader::Kafka(k) => k.poll(),
+            SourceReader::Socket(s) => s.poll(),
         }
     }
 
@@ -106,6 +110,7 @@ impl SourceReader {
             SourceReader::Generator(_) => 0,
             SourceReader::File(f) => f.take_skipped(),
             SourceReader::Kafka(k) => k.take_skipped(),
+            SourceReader::Socket(s) => s.take_skipped(),
         }
     }
 
@@ -116,6 +121,7 @@ impl SourceReader {
             SourceReader::Generator(g) => Ok(g.positions()),
             SourceReader::File(f) => Ok(f.positions()),
             SourceReader::Kafka(k) => k.positions(),
+            SourceReader::Socket(s) => Ok(s.positions()),
         }
     }
 }

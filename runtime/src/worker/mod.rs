@@ -15,6 +15,7 @@
 
 pub mod gate;
 pub mod protocol;
+mod read_marks;
 pub mod restore;
 mod start;
 pub mod subtask;
@@ -43,13 +44,14 @@ use crate::sink::{SinkRestore, SinkWriter};
 use crate::source::SourceReader;
 
 pub use protocol::Cluster;
-pub use start::{run, Placement};
+pub use start::{at_most_once_refuses, run, Placement};
 use protocol::{framed, send, ToCoordinator, ToWorker};
 use restore::RestoreFrom;
 use start::restore_state;
 use gate::{Alignment, InputGate};
 use weir_api::Guarantee;
-use subtask::{Counters, Input, Notification, Output, Subtask};
+use read_marks::ReadMarks;
+use subtask::{AtMostOnce, Counters, Input, Notification, Output, ReadAhead, Subtask};
 
 pub struct WorkerConfig {
     pub plan: Arc<JobPlan>,
@@ -100,6 +102,9 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
         }
     };
 
+    // At-most-once takes no checkpoints: the coordinator only runs the
+    // final barrier (which flushes the sinks) and refuses savepoints.
+    let at_most_once = spec.guarantee() == Guarantee::AtMostOnce;
     let mut coordinator_task = None;
     if index == 0 {
         let Some(claim) = claim else { return Err(Error::Job("worker 0 started without a claim on the job's state".into())) };
@@ -115,7 +120,8 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
             max_parallelism: max_p,
             stages: plan.stage_count(),
             workers: cluster.workers.len(),
-            interval: spec.checkpoint.interval.get(),
+            interval: if at_most_once { Duration::ZERO } else { spec.checkpoint.interval.get() },
+            snapshots: !at_most_once,
             timeout: spec.checkpoint.timeout.get(),
             retain: spec.checkpoint.retain as usize,
             storage: storage.clone(),
@@ -323,6 +329,12 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     let counters = Arc::new(Counters::default());
     let source_positions = match &restored {
         Some(r) => r.source_positions()?,
+        // An at-most-once run that resumes starts where the sources last
+        // read; nothing read yet is a first start (Kafka's `start` applies).
+        None if at_most_once && cfg.restore.is_some() => {
+            let marks = ReadMarks::load(&storage).await?;
+            if marks.splits.is_empty() { Vec::new() } else { vec![marks] }
+        }
         None => Vec::new(),
     };
     let sink_states = match &restored {
@@ -340,7 +352,8 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
             let input = if stage_index == 0 {
                 let reader = SourceReader::open(&spec.source, stage.input_schema.clone(), j, p, max_p, &source_positions, &cfg.base_dir)?;
                 let triggers = trigger_rxs.remove(&j).ok_or_else(|| Error::Job("source triggers taken twice".into()))?;
-                Input::Source { reader, triggers }
+                let ahead = at_most_once.then(|| ReadAhead::new(ReadMarks::new(&storage, j)));
+                Input::Source { reader, triggers, ahead }
             } else {
                 let rxs = gates.remove(&(stage_index, j)).ok_or_else(|| Error::Job("input gate taken twice".into()))?;
                 Input::Gate(InputGate::new(format!("stage {stage_index} subtask {j}"), rxs, alignment))
@@ -381,6 +394,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                 to_coordinator: to_coord.clone(),
                 storage: storage.clone(),
                 counters: counters.clone(),
+                at_most_once: at_most_once.then(|| AtMostOnce { flush_every: spec.checkpoint.interval.get() }),
             };
             tasks.spawn(subtask.run());
         }

@@ -71,6 +71,34 @@ pub async fn run(cfg: WorkerConfig) -> Result<()> {
     run_job(&cfg, &cluster, control).await
 }
 
+/// An at-most-once run restores no snapshot (it would replay what came
+/// after it): with `--restore latest` its sources resume at their read
+/// marks (`read_marks.rs`), without `--restore` worker 0 forgets the marks
+/// before any source starts, and a snapshot path is refused.
+async fn at_most_once_start(cfg: &WorkerConfig, storage: &CheckpointStorage, run_id: &str) -> Result<(Option<RestoredState>, Option<RunClaim>)> {
+    if let Some(super::RestoreFrom::Path(path)) = &cfg.restore {
+        return Err(at_most_once_refuses(path));
+    }
+    let claim = if cfg.index == 0 { Some(storage.claim_run(run_id).await?) } else { None };
+    if let Some(claim) = &claim {
+        storage.begin_lineage(claim, None).await?;
+        if cfg.restore.is_none() {
+            super::ReadMarks::clear(storage).await?;
+        }
+    }
+    Ok((None, claim))
+}
+
+/// The refusal of `--restore PATH` for an at-most-once job.
+pub fn at_most_once_refuses(path: &str) -> Error {
+    Error::Plan {
+        context: format!("--restore {path}"),
+        message: "the job is at-most-once: it restores no checkpoint or savepoint, because that would repeat what came after it; \
+                  use --restore latest to resume where its sources last read, or no --restore to start from the beginning"
+            .into(),
+    }
+}
+
 fn spawn_control(listener: TcpListener, control: Control) {
     tokio::spawn(async move {
         if let Err(e) = control::serve(listener, control).await {
@@ -90,6 +118,9 @@ fn humane(d: Duration) -> String {
 /// and only then resolves: a run it supersedes can complete no checkpoint it
 /// would not see. It returns the claim, which its coordinator holds.
 pub(super) async fn restore_state(cfg: &WorkerConfig, storage: &CheckpointStorage, run_id: &str) -> Result<(Option<RestoredState>, Option<RunClaim>)> {
+    if cfg.plan.spec.guarantee() == weir_api::Guarantee::AtMostOnce {
+        return at_most_once_start(cfg, storage, run_id).await;
+    }
     // Asked before the claim, which is itself a trace of the job.
     let had_state = !cfg.expect_state || storage.has_lineage().await?;
     let claim = if cfg.index == 0 { Some(storage.claim_run(run_id).await?) } else { None };

@@ -6,15 +6,23 @@
 //! synchronous part), pre-commits its sink, forwards the barrier downstream,
 //! and writes the state out in a separate task that acknowledges the
 //! checkpoint to the coordinator when done; records keep flowing meanwhile.
+//!
+//! At-most-once ([`AtMostOnce`]) changes three things: a source records its
+//! read marks before it emits (`read_marks.rs`), a barrier carries no state
+//! (there is only the final one, which flushes the sink), and the sink
+//! publishes what it has every flush interval, on its own.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use arrow::array::RecordBatch;
 use tokio::sync::{broadcast, mpsc};
 
 use super::gate::{GateEvent, InputGate};
 use super::protocol::ToCoordinator;
+use super::read_marks::ReadMarks;
 use super::restore::encode_state;
 use crate::checkpoint::{CheckpointStorage, OperatorSubtaskState, SubtaskAck};
 use crate::error::{Error, Result};
@@ -43,8 +51,34 @@ pub enum Notification {
 
 
 pub enum Input {
-    Source { reader: SourceReader, triggers: mpsc::UnboundedReceiver<Barrier> },
+    /// `ahead` is set under at-most-once: batches read, marked, not yet emitted.
+    Source { reader: SourceReader, triggers: mpsc::UnboundedReceiver<Barrier>, ahead: Option<ReadAhead> },
     Gate(InputGate),
+}
+
+/// A source subtask's batches read ahead of what it emitted, under
+/// at-most-once: the read marks already cover them.
+pub struct ReadAhead {
+    marks: ReadMarks,
+    batches: VecDeque<RecordBatch>,
+    finished: bool,
+}
+
+impl ReadAhead {
+    /// Batches read before their marks are written: one write per this
+    /// many batches, and at most this many lost with a failed source.
+    const BATCHES: usize = 16;
+
+    pub fn new(marks: ReadMarks) -> ReadAhead {
+        ReadAhead { marks, batches: VecDeque::new(), finished: false }
+    }
+}
+
+/// How an at-most-once subtask works without checkpoints.
+#[derive(Clone, Copy)]
+pub struct AtMostOnce {
+    /// How often a sink publishes what it has written.
+    pub flush_every: Duration,
 }
 
 pub enum Output {
@@ -61,6 +95,8 @@ pub struct Subtask {
     pub to_coordinator: mpsc::UnboundedSender<ToCoordinator>,
     pub storage: CheckpointStorage,
     pub counters: Arc<Counters>,
+    /// Set when the job is at-most-once.
+    pub at_most_once: Option<AtMostOnce>,
 }
 
 enum Event {
@@ -71,6 +107,8 @@ enum Event {
     SourceFinished,
     /// A rate-limited source may emit again.
     Idle,
+    /// At-most-once: time for the sink to publish.
+    Flush,
 }
 
 impl Subtask {
@@ -85,18 +123,30 @@ impl Subtask {
         // The highest checkpoint this sink has committed: the final
         // checkpoint's completion may reach it before the end of its input.
         let mut committed: Option<u64> = None;
+        // At-most-once sinks publish on their own: flushes are numbered
+        // here, never by the coordinator.
+        let mut flushes = 0u64;
+        let mut flush_at = self.at_most_once.map(|a| tokio::time::Instant::now() + a.flush_every);
         loop {
-            let ev = self.next_event(&mut source_done, input_ended).await?;
+            let ev = self.next_event(&mut source_done, input_ended, flush_at).await?;
             match ev {
                 Event::Batch(b) => self.process(b).await?,
                 Event::Idle => {}
+                Event::Flush => {
+                    self.flush_sink(&mut flushes).await?;
+                    flush_at = self.at_most_once.map(|a| tokio::time::Instant::now() + a.flush_every);
+                }
                 Event::SourceFinished => {
                     let _ = self.to_coordinator.send(ToCoordinator::SourceFinished { subtask: self.index });
                 }
                 Event::Barrier(b) => {
                     let is_final = b.is_final;
                     let id = b.checkpoint_id;
-                    self.on_barrier(b).await?;
+                    if self.at_most_once.is_some() {
+                        self.on_flush_barrier(b, &mut flushes).await?;
+                    } else {
+                        self.on_barrier(b).await?;
+                    }
                     if is_final {
                         final_barrier = Some(id);
                         if let Input::Source { .. } = self.input {
@@ -115,8 +165,11 @@ impl Subtask {
                 Event::Notification(n) => {
                     if let Output::Sink { sink, .. } = &mut self.output {
                         if let Notification::Complete(id) = n {
-                            crate::fault::crash_point("before-commit", id);
-                            sink.commit(id).await?;
+                            // At-most-once sinks published at the barrier already.
+                            if self.at_most_once.is_none() {
+                                crate::fault::crash_point("before-commit", id);
+                                sink.commit(id).await?;
+                            }
                             committed = committed.max(Some(id));
                             if input_ended && final_barrier.is_some_and(|f| f <= id) {
                                 return Ok(());
@@ -131,7 +184,7 @@ impl Subtask {
         }
     }
 
-    async fn next_event(&mut self, source_done: &mut bool, input_ended: bool) -> Result<Event> {
+    async fn next_event(&mut self, source_done: &mut bool, input_ended: bool, flush_at: Option<tokio::time::Instant>) -> Result<Event> {
         let notifications = match &mut self.output {
             Output::Sink { notifications, .. } => Some(notifications),
             _ => None,
@@ -148,13 +201,27 @@ impl Subtask {
                     GateEvent::Barrier(b) => Event::Barrier(b),
                     GateEvent::End => Event::End,
                 }),
-                Input::Source { reader, triggers } => {
+                Input::Source { reader, triggers, ahead } => {
                     if let Ok(b) = triggers.try_recv() {
                         return Ok(Event::Barrier(b));
                     }
                     let lost = || Error::Job("the coordinator went away".into());
                     if *source_done {
                         return triggers.recv().await.map(Event::Barrier).ok_or_else(lost);
+                    }
+                    if let Some(ahead) = ahead {
+                        let wait = match read_ahead(reader, ahead, counters).await? {
+                            Poll::Batch(b) => return Ok(Event::Batch(b)),
+                            Poll::Finished => {
+                                *source_done = true;
+                                return Ok(Event::SourceFinished);
+                            }
+                            Poll::Wait(d) => d,
+                        };
+                        return tokio::select! {
+                            t = triggers.recv() => t.map(Event::Barrier).ok_or_else(lost),
+                            _ = tokio::time::sleep(wait) => Ok(Event::Idle),
+                        };
                     }
                     let polled = reader.poll();
                     counters.records_skipped.fetch_add(reader.take_skipped(), Ordering::Relaxed);
@@ -172,10 +239,17 @@ impl Subtask {
                 }
             }
         };
+        let flush = async {
+            match flush_at {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
         match notifications {
             None => input_next.await,
             Some(rx) => tokio::select! {
                 biased;
+                _ = flush => Ok(Event::Flush),
                 n = rx.recv() => match n {
                     Ok(n) => Ok(Event::Notification(n)),
                     // A lagged receiver missed some notifications; a later
@@ -274,6 +348,31 @@ impl Subtask {
         Ok(())
     }
 
+    /// At-most-once: publishes what the sink holds, under a flush number of
+    /// this subtask's own (each sink's names stay unique within the run).
+    async fn flush_sink(&mut self, flushes: &mut u64) -> Result<()> {
+        if let Output::Sink { sink, .. } = &mut self.output {
+            *flushes += 1;
+            sink.pre_commit(*flushes).await?;
+            sink.commit(*flushes).await?;
+        }
+        Ok(())
+    }
+
+    /// At-most-once: a barrier (only the final one) carries no state: the
+    /// sink publishes, the barrier moves on, and the ack is empty.
+    async fn on_flush_barrier(&mut self, barrier: Barrier, flushes: &mut u64) -> Result<()> {
+        self.flush_sink(flushes).await?;
+        if let Output::Exchange { senders, .. } = &self.output {
+            for s in senders {
+                s.send(Message::Barrier(barrier.clone())).await.map_err(|_| Error::Job(format!("{}: downstream went away", self.name())))?;
+            }
+        }
+        let ack = SubtaskAck { stage: self.stage, subtask: self.index, operators: Vec::new() };
+        let _ = self.to_coordinator.send(ToCoordinator::Ack { checkpoint_id: barrier.checkpoint_id, ack });
+        Ok(())
+    }
+
     async fn end(&mut self) -> Result<()> {
         if let Output::Exchange { senders, .. } = &self.output {
             for s in senders {
@@ -282,4 +381,38 @@ impl Subtask {
         }
         Ok(())
     }
+}
+
+/// At-most-once: the next batch to emit. When none is read ahead, reads up
+/// to [`ReadAhead::BATCHES`] more and writes the read marks past them
+/// before the first is emitted.
+async fn read_ahead(reader: &mut SourceReader, ahead: &mut ReadAhead, counters: &Counters) -> Result<Poll> {
+    if let Some(b) = ahead.batches.pop_front() {
+        return Ok(Poll::Batch(b));
+    }
+    let mut wait = None;
+    while !ahead.finished && ahead.batches.len() < ReadAhead::BATCHES {
+        let polled = reader.poll();
+        counters.records_skipped.fetch_add(reader.take_skipped(), Ordering::Relaxed);
+        match polled? {
+            Poll::Batch(b) => ahead.batches.push_back(b),
+            Poll::Finished => ahead.finished = true,
+            Poll::Wait(d) => {
+                wait = Some(d);
+                break;
+            }
+        }
+    }
+    let Some(first) = ahead.batches.pop_front() else {
+        return Ok(match wait {
+            Some(d) => Poll::Wait(d),
+            None => Poll::Finished,
+        });
+    };
+    let positions = reader.positions()?;
+    // A source with nothing to resume from (a socket) has no marks to keep.
+    if !positions.splits.is_empty() {
+        ahead.marks.save(&positions).await?;
+    }
+    Ok(Poll::Batch(first))
 }

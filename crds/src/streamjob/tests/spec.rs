@@ -256,6 +256,26 @@ fn a_requested_guarantee_the_pipeline_cannot_give_is_refused_not_claimed() {
 }
 
 #[test]
+fn an_at_most_once_job_must_upgrade_statelessly() {
+    let socket = with(
+        minimal(),
+        "/spec/pipeline/source",
+        json!({"socket": {"address": "events.feeds.svc:9000", "schema": {"id": "int64"}}}),
+    );
+    let err = parse(&socket).spec.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("spec: upgradeMode: the job is at-most-once (the socket source cannot replay")
+            && err.contains("expected upgradeMode: stateless"),
+        "{err}"
+    );
+    let stateless = parse(&with(socket, "/spec/upgradeMode", json!("stateless")));
+    assert_eq!(
+        stateless.spec.validate().unwrap().guarantee(),
+        Guarantee::AtMostOnce
+    );
+}
+
+#[test]
 fn restart_backoff_initial_above_max_is_refused() {
     let job = parse(&with(
         minimal(),
