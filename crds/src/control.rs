@@ -117,6 +117,10 @@ pub struct JobStatus {
     /// checkpoint plus what this run skipped since. Absent from older workers.
     #[serde(default)]
     pub records_skipped: u64,
+    /// Records a window dropped because they came after the watermark had
+    /// passed their windows' end and allowed lateness, in this run.
+    #[serde(default)]
+    pub records_late: u64,
     pub latest_checkpoint: Option<CheckpointStatus>,
     pub last_savepoint: Option<CheckpointStatus>,
     pub checkpoint_in_progress: Option<u64>,

@@ -364,6 +364,9 @@ async fn run_command(command: Command) -> anyhow::Result<()> {
             let skipped = match st.records_skipped {
                 0 => String::new(),
                 n => format!(", {n} bad input records skipped"),
+            } + &match st.records_late {
+                0 => String::new(),
+                n => format!(", {n} late records dropped by windows"),
             };
             eprintln!(
                 "{} `{}` in {:.1}s: {} records in, {} records out{skipped}, {} checkpoints, last checkpoint {}, {} restarts",
@@ -379,7 +382,7 @@ async fn run_command(command: Command) -> anyhow::Result<()> {
             // One machine-readable line for scripts and benchmarks.
             println!("{}", serde_json::json!({
                 "job": st.job, "records_in": st.records_in, "records_out": st.records_out,
-                "records_skipped": st.records_skipped,
+                "records_skipped": st.records_skipped, "records_late": st.records_late,
                 "elapsed_s": summary.elapsed.as_secs_f64(), "restarts": summary.restarts,
                 "checkpoints": st.checkpoints_completed,
                 "last_checkpoint": st.latest_checkpoint.as_ref().map(|c| c.id),

@@ -25,6 +25,18 @@ pub const SINK_ID: &str = "sink";
 pub struct JobPlan {
     pub spec: PipelineSpec,
     pub stages: Vec<StagePlan>,
+    /// Where sources find event time, when the pipeline has it.
+    pub event_time: Option<EventTimePlan>,
+}
+
+/// The source's event-time column and how its watermarks follow it.
+#[derive(Clone, Debug)]
+pub struct EventTimePlan {
+    /// The column in the source's schema (int64, epoch milliseconds).
+    pub column: usize,
+    pub field: String,
+    pub max_out_of_orderness_ms: i64,
+    pub idle_timeout: Option<std::time::Duration>,
 }
 
 pub struct StagePlan {
@@ -53,6 +65,36 @@ pub enum OperatorKind {
     Filter(CompiledExpr),
     Select(Vec<CompiledExpr>),
     Running(RunningPlan),
+    Window(WindowPlan),
+}
+
+/// A window function over one column (none for count).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WindowFn {
+    Count,
+    Sum,
+    Min,
+    Max,
+    Avg,
+}
+
+#[derive(Clone, Debug)]
+pub struct WindowAggPlan {
+    pub function: WindowFn,
+    pub input: Option<usize>,
+    /// The input column's type (int64 or float64); int64 for count.
+    pub input_type: DataType,
+}
+
+#[derive(Clone, Debug)]
+pub struct WindowPlan {
+    pub key_indices: Vec<usize>,
+    /// The event-time column in this operator's input.
+    pub time_index: usize,
+    pub size_ms: i64,
+    pub slide_ms: i64,
+    pub allowed_lateness_ms: i64,
+    pub aggregates: Vec<WindowAggPlan>,
 }
 
 /// A compiled expression and the text it was written as, which errors
@@ -95,7 +137,7 @@ impl JobPlan {
         let mut ids = vec![SOURCE_ID.to_string(), SINK_ID.to_string()];
         for s in &self.stages {
             for o in &s.operators {
-                if matches!(o.kind, OperatorKind::Running(_)) {
+                if matches!(o.kind, OperatorKind::Running(_) | OperatorKind::Window(_)) {
                     ids.push(o.id.clone());
                 }
             }
@@ -139,6 +181,24 @@ pub fn plan(spec: &PipelineSpec, src: &PipelineSource) -> Result<JobPlan> {
     let mut operators: Vec<OperatorPlan> = Vec::new();
     let mut keys: Option<Vec<String>> = None;
 
+    let event_time = match &spec.event_time {
+        None => None,
+        Some(et) => {
+            let invalid = |msg: String| Error::Pipeline(src.invalid("event_time.field", msg));
+            let (column, f) = schema
+                .column_with_name(&et.field)
+                .ok_or_else(|| invalid(format!("the source has no field `{}`: expected one of {}", et.field, names(&schema))))?;
+            if f.data_type() != &DataType::Int64 {
+                return Err(invalid(format!("`{}` has type {}: expected int64 (milliseconds since the Unix epoch)", et.field, f.data_type())));
+            }
+            Some(EventTimePlan {
+                column,
+                field: et.field.clone(),
+                max_out_of_orderness_ms: et.max_out_of_orderness.get().as_millis() as i64,
+                idle_timeout: et.idle_timeout.map(|d| d.get()),
+            })
+        }
+    };
     let ids = weir_api::pipeline::step_ids(&spec.steps);
     for ((i, step), id) in spec.steps.iter().enumerate().zip(ids) {
         let field = format!("steps[{i}].{}", step.kind.name());
@@ -202,6 +262,70 @@ pub fn plan(spec: &PipelineSpec, src: &PipelineSource) -> Result<JobPlan> {
                 schema = select_schema(&fields);
                 operators.push(OperatorPlan { id, step: field.clone(), kind: OperatorKind::Select(exprs), output_schema: schema.clone() });
             }
+            StepKind::Window(w) => {
+                let key_fields = keys.clone().ok_or_else(|| invalid("expected a key_by step before a window".into()))?;
+                let et = event_time.as_ref().ok_or_else(|| invalid("expected `event_time` in the pipeline".into()))?;
+                let mut key_indices = Vec::new();
+                let mut fields: Vec<Arc<Field>> = Vec::new();
+                for k in &key_fields {
+                    let (pos, f) = schema.column_with_name(k).ok_or_else(|| {
+                        invalid(format!("the key field `{k}` was dropped by an earlier select: keep it to window per key"))
+                    })?;
+                    key_indices.push(pos);
+                    fields.push(Arc::new(f.clone()));
+                }
+                let (time_index, _) = schema.column_with_name(&et.field).ok_or_else(|| {
+                    invalid(format!("the event-time field `{}` was dropped by an earlier select: keep it to window by it", et.field))
+                })?;
+                fields.push(Arc::new(Field::new("window_start", DataType::Int64, false)));
+                fields.push(Arc::new(Field::new("window_end", DataType::Int64, false)));
+                let mut aggregates = Vec::new();
+                for (j, a) in w.aggregates.iter().enumerate() {
+                    let Some((name, input, output)) = a.function() else {
+                        return Err(invalid(format!("aggregates[{j}]: expected exactly one of count, sum, min, max, avg")));
+                    };
+                    let function = match name {
+                        "count" => WindowFn::Count,
+                        "sum" => WindowFn::Sum,
+                        "min" => WindowFn::Min,
+                        "max" => WindowFn::Max,
+                        _ => WindowFn::Avg,
+                    };
+                    let (input, input_type) = match input {
+                        None => (None, DataType::Int64),
+                        Some(name) => {
+                            let (pos, f) = schema.column_with_name(name).ok_or_else(|| {
+                                invalid(format!("aggregates[{j}]: no field `{name}`: expected one of {}", names(&schema)))
+                            })?;
+                            match f.data_type() {
+                                DataType::Int64 | DataType::Float64 => (Some(pos), f.data_type().clone()),
+                                other => return Err(invalid(format!("aggregates[{j}]: `{name}` has type {other}: expected int64 or float64"))),
+                            }
+                        }
+                    };
+                    let output_type = if function == WindowFn::Avg { DataType::Float64 } else { input_type.clone() };
+                    if fields.iter().any(|f| f.name() == &output) {
+                        return Err(invalid(format!("aggregates[{j}]: the output field `{output}` is already a field of the window's output: choose another name")));
+                    }
+                    fields.push(Arc::new(Field::new(&output, output_type, function != WindowFn::Count)));
+                    aggregates.push(WindowAggPlan { function, input, input_type });
+                }
+                let (size, slide) = w.size_and_slide().ok_or_else(|| invalid("expected one of `tumbling` or `sliding`".into()))?;
+                schema = Arc::new(Schema::new(fields));
+                operators.push(OperatorPlan {
+                    id,
+                    step: field.clone(),
+                    kind: OperatorKind::Window(WindowPlan {
+                        key_indices,
+                        time_index,
+                        size_ms: size as i64,
+                        slide_ms: slide as i64,
+                        allowed_lateness_ms: w.allowed_lateness.get().as_millis() as i64,
+                        aggregates,
+                    }),
+                    output_schema: schema.clone(),
+                });
+            }
             kind => {
                 let key_fields = keys.clone().ok_or_else(|| invalid("expected a key_by step before a running aggregate".into()))?;
                 let mut key_indices = Vec::new();
@@ -252,7 +376,7 @@ pub fn plan(spec: &PipelineSpec, src: &PipelineSource) -> Result<JobPlan> {
         output: StageOutput::Sink,
         output_schema: schema,
     });
-    Ok(JobPlan { spec: spec.clone(), stages })
+    Ok(JobPlan { spec: spec.clone(), stages, event_time })
 }
 
 fn names(schema: &Schema) -> String {

@@ -24,7 +24,7 @@ pub use kafka::{BadMessages, Isolation, KafkaSinkSpec, KafkaSourceSpec, StartPos
 pub use postgres_sink::{PostgresMode, PostgresSinkSpec};
 pub use sink::{FileFormat, FileSinkSpec, Guarantee, SinkSpec};
 pub use source::{BadLines, FieldType, FileSourceSpec, GeneratorSpec, SocketSourceSpec, SourceSpec};
-pub use step::{step_ids, AggregateSpec, Step, StepKind};
+pub use step::{step_ids, AggregateSpec, SlidingWindow, Step, StepKind, WindowAggregate, WindowSpec};
 
 /// Keyed state is split into this many key groups unless the pipeline says
 /// otherwise. It bounds the parallelism a job can ever be rescaled to, and it
@@ -55,6 +55,10 @@ pub struct PipelineSpec {
     pub guarantee: Guarantee,
     #[serde(default)]
     pub checkpoint: CheckpointSpec,
+    /// Event time: which source field holds each record's time, and how
+    /// watermarks follow it. Windows need it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_time: Option<EventTimeSpec>,
     #[serde(with = "serde_yaml::with::singleton_map")]
     #[schemars(with = "SourceSpec")]
     pub source: SourceSpec,
@@ -71,6 +75,30 @@ fn default_parallelism() -> u32 {
 
 fn default_max_parallelism() -> u32 {
     DEFAULT_MAX_PARALLELISM
+}
+
+/// Event time. Each source subtask's watermark is the largest event time
+/// it has read minus `max_out_of_orderness`, minus 1 ms: it promises that no
+/// record older than that comes any more. A subtask's watermark is the
+/// smallest of its inputs' (an input idle for `idle_timeout` does not hold
+/// it back), and windows fire by it. At the end of a bounded input the
+/// watermark jumps to the end of time, firing every window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EventTimeSpec {
+    /// An int64 field of the source: milliseconds since the Unix epoch.
+    pub field: String,
+    /// How much out of order records may come (default 0s).
+    #[serde(default = "no_duration")]
+    pub max_out_of_orderness: HumanDuration,
+    /// A source subtask that reads nothing for this long no longer holds the
+    /// watermark back until it reads again (default: never idle).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<HumanDuration>,
+}
+
+fn no_duration() -> HumanDuration {
+    HumanDuration::from_millis(0)
 }
 
 /// How and how often checkpoints are taken.
@@ -251,6 +279,14 @@ impl PipelineSpec {
             k.validate(src, self.checkpoint.interval, self.checkpoint.timeout)?;
         }
         step::validate_steps(&self.steps, src)?;
+        if let Some(i) = self.steps.iter().position(|s| matches!(s.kind, StepKind::Window(_))) {
+            if self.event_time.is_none() {
+                return Err(src.invalid(
+                    &format!("steps[{i}].window"),
+                    "windows fire by event time: expected `event_time: {field: <int64 field of the source, epoch milliseconds>}` in the pipeline",
+                ));
+            }
+        }
         Ok(())
     }
 

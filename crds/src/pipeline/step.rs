@@ -31,6 +31,96 @@ pub enum StepKind {
     RunningSum(AggregateSpec),
     RunningMin(AggregateSpec),
     RunningMax(AggregateSpec),
+    /// Event-time windows per key, fired by the watermark.
+    Window(WindowSpec),
+}
+
+/// Event-time windows of each key: `tumbling: 10s`, or `sliding: {size:
+/// 10s, slide: 5s}`. A window `[start, end)` holds the records whose event
+/// time is in it; it fires (one output record per key: the key fields,
+/// `window_start`, `window_end` in epoch milliseconds, and the aggregates)
+/// once the watermark reaches `end - 1`. A record for a window that has
+/// fired and is older than `allowed_lateness` is late: dropped and counted
+/// (`records_late`); within the lateness it updates the window, which
+/// fires again with the new result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WindowSpec {
+    /// Back-to-back windows of this length.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tumbling: Option<super::HumanDuration>,
+    /// Overlapping windows of `size`, one starting every `slide`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding: Option<SlidingWindow>,
+    /// How long after a window fired a late record still updates it (default 0s).
+    #[serde(default = "zero", skip_serializing_if = "is_zero")]
+    pub allowed_lateness: super::HumanDuration,
+    /// What each window computes: `- count: n`, `- sum: {field: v, as: total}`
+    /// (and `min`, `max`, `avg`).
+    pub aggregates: Vec<WindowAggregate>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlidingWindow {
+    pub size: super::HumanDuration,
+    pub slide: super::HumanDuration,
+}
+
+/// One aggregate of a window; exactly one of its keys is written.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WindowAggregate {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sum: Option<AggregateSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min: Option<AggregateSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<AggregateSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub avg: Option<AggregateSpec>,
+}
+
+fn zero() -> super::HumanDuration {
+    super::HumanDuration::from_millis(0)
+}
+
+fn is_zero(d: &super::HumanDuration) -> bool {
+    d.is_zero()
+}
+
+impl WindowAggregate {
+    /// The function's name and its field (`None` for count) and output name,
+    /// when exactly one is written.
+    pub fn function(&self) -> Option<(&'static str, Option<&str>, String)> {
+        let written: Vec<(&'static str, Option<&str>, String)> = [
+            self.count.as_ref().map(|n| ("count", None, n.clone())),
+            self.sum.as_ref().map(|a| ("sum", Some(a.field.as_str()), a.output.clone().unwrap_or_else(|| format!("sum_{}", a.field)))),
+            self.min.as_ref().map(|a| ("min", Some(a.field.as_str()), a.output.clone().unwrap_or_else(|| format!("min_{}", a.field)))),
+            self.max.as_ref().map(|a| ("max", Some(a.field.as_str()), a.output.clone().unwrap_or_else(|| format!("max_{}", a.field)))),
+            self.avg.as_ref().map(|a| ("avg", Some(a.field.as_str()), a.output.clone().unwrap_or_else(|| format!("avg_{}", a.field)))),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        match &written[..] {
+            [one] => Some(one.clone()),
+            _ => None,
+        }
+    }
+}
+
+impl WindowSpec {
+    /// (size, slide) in milliseconds; tumbling windows slide by their size.
+    pub fn size_and_slide(&self) -> Option<(u64, u64)> {
+        match (&self.tumbling, &self.sliding) {
+            (Some(t), None) => Some((t.get().as_millis() as u64, t.get().as_millis() as u64)),
+            (None, Some(s)) => Some((s.size.get().as_millis() as u64, s.slide.get().as_millis() as u64)),
+            _ => None,
+        }
+    }
 }
 
 /// A running aggregate of one field: `{field: value, as: total}`.
@@ -50,6 +140,7 @@ const KINDS: &[&str] = &[
     "running_sum",
     "running_min",
     "running_max",
+    "window",
 ];
 
 impl StepKind {
@@ -63,6 +154,7 @@ impl StepKind {
             StepKind::RunningSum(_) => "running_sum",
             StepKind::RunningMin(_) => "running_min",
             StepKind::RunningMax(_) => "running_max",
+            StepKind::Window(_) => "window",
         }
     }
 
@@ -73,6 +165,7 @@ impl StepKind {
                 | StepKind::RunningSum(_)
                 | StepKind::RunningMin(_)
                 | StepKind::RunningMax(_)
+                | StepKind::Window(_)
         )
     }
 }
@@ -119,6 +212,29 @@ pub(super) fn validate_steps(steps: &[Step], src: &PipelineSource) -> Result<(),
             }
             StepKind::RunningCount(out) if out.is_empty() => {
                 return Err(src.invalid(&field, "expected the name of the field to add, e.g. `running_count: count`"));
+            }
+            StepKind::Window(w) => {
+                if !keyed {
+                    return Err(src.invalid(&field, "window keeps state per key: expected a `key_by` step before it"));
+                }
+                match w.size_and_slide() {
+                    None => return Err(src.invalid(&field, "expected one of `tumbling: SIZE` or `sliding: {size, slide}`")),
+                    Some((size, slide)) if size == 0 || slide == 0 => {
+                        return Err(src.invalid(&field, "expected window sizes and slides above 0"));
+                    }
+                    Some((size, slide)) if slide > size => {
+                        return Err(src.invalid(&format!("{field}.sliding.slide"), format!("{slide}ms is longer than the window ({size}ms): records between windows would belong to none; expected at most the size")));
+                    }
+                    _ => {}
+                }
+                if w.aggregates.is_empty() {
+                    return Err(src.invalid(&format!("{field}.aggregates"), "expected at least one aggregate, e.g. `- count: n`"));
+                }
+                for (j, a) in w.aggregates.iter().enumerate() {
+                    if a.function().is_none() {
+                        return Err(src.invalid(&format!("{field}.aggregates[{j}]"), "expected exactly one of count, sum, min, max, avg"));
+                    }
+                }
             }
             kind if kind.is_keyed_aggregate() && !keyed => {
                 return Err(src.invalid(
@@ -167,6 +283,7 @@ impl<'de> Deserialize<'de> for Step {
                         "running_sum" => StepKind::RunningSum(map.next_value()?),
                         "running_min" => StepKind::RunningMin(map.next_value()?),
                         "running_max" => StepKind::RunningMax(map.next_value()?),
+                        "window" => StepKind::Window(map.next_value()?),
                         other => {
                             return Err(de::Error::custom(format!(
                                 "unknown step `{other}`, expected one of {}",
@@ -208,6 +325,7 @@ impl Serialize for Step {
             StepKind::RunningSum(a) => m.serialize_entry("running_sum", a)?,
             StepKind::RunningMin(a) => m.serialize_entry("running_min", a)?,
             StepKind::RunningMax(a) => m.serialize_entry("running_max", a)?,
+            StepKind::Window(w) => m.serialize_entry("window", w)?,
         }
         m.end()
     }
@@ -221,7 +339,7 @@ impl schemars::JsonSchema for Step {
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         schemars::json_schema!({
             "type": "object",
-            "description": "One step: a map with one of the keys key_by, filter, select, running_count, running_sum, running_min, running_max, and an optional id",
+            "description": "One step: a map with one of the keys key_by, filter, select, running_count, running_sum, running_min, running_max, window, and an optional id",
             "minProperties": 1,
             "maxProperties": 2
         })

@@ -111,8 +111,8 @@ struct Coordinator {
     savepoint_queue: VecDeque<Ask>,
     /// Set once a stopping savepoint completed: no snapshot follows.
     stopped_by: Option<u64>,
-    /// Each worker's (records in, records out, records skipped).
-    metrics: HashMap<u32, (u64, u64, u64)>,
+    /// Each worker's (records in, records out, records skipped, records late).
+    metrics: HashMap<u32, (u64, u64, u64, u64)>,
     /// Set when a newer run has claimed the job: this run ends with it.
     fenced: Option<Error>,
     /// The lineage records of older runs were deleted (once per run).
@@ -354,13 +354,14 @@ impl Coordinator {
                 ToCoordinator::SourceFinished { subtask } => {
                     self.sources_finished.insert(subtask);
                 }
-                ToCoordinator::Metrics { records_in, records_out, records_skipped } => {
-                    self.metrics.insert(worker, (records_in, records_out, records_skipped));
-                    let (i, o, k) = self.metrics.values().fold((0, 0, 0), |(a, b, c), (x, y, z)| (a + x, b + y, c + z));
+                ToCoordinator::Metrics { records_in, records_out, records_skipped, records_late } => {
+                    self.metrics.insert(worker, (records_in, records_out, records_skipped, records_late));
+                    let (i, o, k, l) = self.metrics.values().fold((0, 0, 0, 0), |(a, b, c, d), (w, x, y, z)| (a + w, b + x, c + y, d + z));
                     if let Ok(mut s) = self.status.lock() {
                         s.records_in = i;
                         s.records_out = o;
                         s.records_skipped = k;
+                        s.records_late = l;
                     }
                 }
                 ToCoordinator::Finished => {

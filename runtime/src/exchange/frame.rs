@@ -23,6 +23,8 @@ const KIND_BATCH: u8 = 0;
 const KIND_BARRIER: u8 = 1;
 const KIND_END: u8 = 2;
 const KIND_HELLO: u8 = 3;
+const KIND_WATERMARK: u8 = 4;
+const KIND_IDLE: u8 = 5;
 
 /// The largest frame, kind byte included: 256 MiB. A reader refuses a bigger
 /// length as a protocol error instead of allocating it.
@@ -92,6 +94,13 @@ impl FrameEncoder {
                 frames.push(out.freeze());
             }
             Message::End => frames.push(Bytes::from_static(&[KIND_END])),
+            Message::Watermark(w) => {
+                let mut out = BytesMut::with_capacity(9);
+                out.put_u8(KIND_WATERMARK);
+                out.put_i64(*w);
+                frames.push(out.freeze());
+            }
+            Message::Idle => frames.push(Bytes::from_static(&[KIND_IDLE])),
         }
         Ok(frames)
     }
@@ -161,6 +170,11 @@ impl FrameDecoder {
             }
             KIND_BARRIER => serde_json::from_slice::<Barrier>(&body).map(Message::Barrier).map_err(|e| bad(format!("bad barrier: {e}"))),
             KIND_END => Ok(Message::End),
+            KIND_WATERMARK => match <[u8; 8]>::try_from(&body[..]) {
+                Ok(b) => Ok(Message::Watermark(i64::from_be_bytes(b))),
+                Err(_) => Err(bad(format!("a watermark frame of {} bytes instead of 8", body.len()))),
+            },
+            KIND_IDLE => Ok(Message::Idle),
             k => Err(bad(format!("unknown frame kind {k}"))),
         }
     }
@@ -180,13 +194,14 @@ mod tests {
         let mut enc = FrameEncoder::new(&schema).unwrap();
         let mut dec = FrameDecoder::new("test");
         let barrier = Barrier { checkpoint_id: 4, savepoint: false, is_final: false, dir: "checkpoints/chk-4".into() };
-        for msg in [Message::Batch(b.clone()), Message::Barrier(barrier.clone()), Message::Batch(b.clone()), Message::End] {
+        for msg in [Message::Batch(b.clone()), Message::Barrier(barrier.clone()), Message::Watermark(-42), Message::Idle, Message::Batch(b.clone()), Message::End] {
             let frames = enc.encode(&msg).unwrap();
             assert_eq!(frames.len(), 1);
             match (msg, dec.decode(frames.into_iter().next().unwrap()).unwrap()) {
                 (Message::Batch(x), Message::Batch(y)) => assert_eq!(x, y),
                 (Message::Barrier(x), Message::Barrier(y)) => assert_eq!(x, y),
-                (Message::End, Message::End) => {}
+                (Message::End, Message::End) | (Message::Idle, Message::Idle) => {}
+                (Message::Watermark(x), Message::Watermark(y)) => assert_eq!(x, y),
                 (a, b) => panic!("{a:?} became {b:?}"),
             }
         }

@@ -35,4 +35,8 @@ pub enum Message {
     Barrier(Barrier),
     /// The upstream subtask will send nothing more.
     End,
+    /// Event time: no record older than this (epoch ms) follows from this upstream.
+    Watermark(i64),
+    /// The upstream has nothing to send for a while: its watermark holds nothing back until it sends another.
+    Idle,
 }

@@ -6,6 +6,7 @@
 //! loop calls `snapshot` at the aligned barrier and writes what it returns.
 
 mod running;
+mod window;
 
 use arrow::array::{ArrayRef, AsArray, RecordBatch};
 use arrow::compute::filter_record_batch;
@@ -16,11 +17,13 @@ use crate::error::{Error, Result};
 use crate::plan::{CompiledExpr, OperatorKind, OperatorPlan};
 
 pub use running::RunningAggregate;
+pub use window::WindowAggregate;
 
 pub enum Operator {
     Filter { id: String, step: String, predicate: CompiledExpr },
     Select { id: String, step: String, exprs: Vec<CompiledExpr>, schema: SchemaRef },
     Running(RunningAggregate),
+    Window(WindowAggregate),
 }
 
 impl Operator {
@@ -44,6 +47,16 @@ impl Operator {
                 parallelism,
                 max_parallelism,
             )?),
+            OperatorKind::Window(w) => Operator::Window(WindowAggregate::new(
+                plan.id.clone(),
+                plan.step.clone(),
+                w,
+                input_schema,
+                plan.output_schema.clone(),
+                subtask,
+                parallelism,
+                max_parallelism,
+            )?),
         })
     }
 
@@ -51,6 +64,7 @@ impl Operator {
         match self {
             Operator::Filter { id, .. } | Operator::Select { id, .. } => id,
             Operator::Running(r) => r.id(),
+            Operator::Window(w) => w.id(),
         }
     }
 
@@ -75,13 +89,46 @@ impl Operator {
                 Ok(Some(out))
             }
             Operator::Running(r) => r.process(batch).map(Some),
+            Operator::Window(w) => w.process(batch),
         }
     }
 
-    pub fn as_keyed(&mut self) -> Option<&mut RunningAggregate> {
+    /// The watermark advanced to `watermark`: what it fires, if anything.
+    pub fn on_watermark(&mut self, watermark: i64) -> Result<Option<RecordBatch>> {
         match self {
-            Operator::Running(r) => Some(r),
-            _ => None,
+            Operator::Window(w) => w.on_watermark(watermark),
+            _ => Ok(None),
+        }
+    }
+
+    /// Records dropped as late since the last call.
+    pub fn take_late(&mut self) -> u64 {
+        match self {
+            Operator::Window(w) => w.take_late(),
+            _ => 0,
+        }
+    }
+
+    /// Whether the operator keeps keyed state in checkpoints.
+    pub fn is_stateful(&self) -> bool {
+        matches!(self, Operator::Running(_) | Operator::Window(_))
+    }
+
+    /// A copy of the keyed state, taken at the barrier; `None` when stateless.
+    pub fn snapshot(&self) -> Result<Option<RecordBatch>> {
+        match self {
+            Operator::Running(r) => r.snapshot().map(Some),
+            Operator::Window(w) => w.snapshot().map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// Loads the part of a restored state batch this subtask owns.
+    pub fn restore(&mut self, batch: &RecordBatch, location: &str) -> Result<()> {
+        match self {
+            Operator::Running(r) => r.restore(batch, location),
+            Operator::Window(w) => w.restore(batch, location),
+            _ => Ok(()),
         }
     }
 }

@@ -301,7 +301,7 @@ fn overflow_error(step: &str, key_indices: &[usize], batch: &RecordBatch, r: usi
 }
 
 /// Key columns with float values made canonical (see the module comment).
-fn canonical_keys(columns: &[ArrayRef]) -> Vec<ArrayRef> {
+pub(super) fn canonical_keys(columns: &[ArrayRef]) -> Vec<ArrayRef> {
     columns
         .iter()
         .map(|c| match c.as_primitive_opt::<Float64Type>() {
@@ -311,7 +311,7 @@ fn canonical_keys(columns: &[ArrayRef]) -> Vec<ArrayRef> {
         .collect()
 }
 
-fn describe(s: &Schema) -> String {
+pub(super) fn describe(s: &Schema) -> String {
     s.fields().iter().map(|f| format!("{} {}", f.name(), f.data_type())).collect::<Vec<_>>().join(", ")
 }
 

@@ -27,7 +27,6 @@ pub struct GeneratorReader {
     keys: u64,
     splits_total: u64,
     splits: Vec<Split>,
-    next_split: usize,
     batch_size: u64,
     /// Events per second for this subtask; 0 = unlimited.
     rate: f64,
@@ -73,7 +72,6 @@ impl GeneratorReader {
             keys: spec.keys.max(1),
             splits_total: total,
             splits,
-            next_split: 0,
             batch_size: spec.batch_size.max(1) as u64,
             rate: spec.rate as f64 * share,
             rate_start: Instant::now(),
@@ -81,23 +79,21 @@ impl GeneratorReader {
         })
     }
 
+    /// The next batch comes from the split furthest behind (the first of
+    /// them on a tie), not from a rotation: the order then depends only on
+    /// the positions, so a restored subtask goes on exactly as it would
+    /// have, and its event times stay as little out of order as before the
+    /// failure (a rotation restarted at split 0 could put a split two
+    /// batches behind, and records that were on time late).
     pub fn poll(&mut self) -> Poll {
-        let n_splits = self.splits.len();
-        let mut tried = 0;
-        while tried < n_splits {
-            let i = self.next_split % n_splits;
-            self.next_split = self.next_split.wrapping_add(1);
-            tried += 1;
+        let behind = self.splits.iter().enumerate().filter(|(_, s)| s.emitted < s.len).min_by_key(|(i, s)| (s.emitted, *i)).map(|(i, _)| i);
+        if let Some(i) = behind {
             let remaining = self.splits[i].len - self.splits[i].emitted;
-            if remaining == 0 {
-                continue;
-            }
             let n = remaining.min(self.batch_size);
             if self.rate > 0.0 {
                 let due = Duration::from_secs_f64((self.emitted_since_start + n) as f64 / self.rate);
                 let elapsed = self.rate_start.elapsed();
                 if due > elapsed {
-                    self.next_split = i; // retry the same split
                     return Poll::Wait(due - elapsed);
                 }
             }

@@ -15,6 +15,12 @@
 //! restore replays them a second time: at least once, never lost, and no
 //! input waits for a slow one. A newer barrier overtaking an older one
 //! (possible only once the older checkpoint was abandoned) replaces it.
+//!
+//! Watermarks: the gate keeps each input's latest watermark and hands on
+//! the smallest over the inputs that are neither ended nor idle, whenever
+//! it grows. An input that has sent no watermark yet holds it back. When
+//! every live input is idle, the gate says so once (its subtask then holds
+//! nothing back downstream either).
 
 use std::future::poll_fn;
 use std::task::Poll;
@@ -31,6 +37,10 @@ pub enum GateEvent {
     Barrier(Barrier),
     /// Every input has ended.
     End,
+    /// The smallest watermark of the live inputs grew to this.
+    Watermark(i64),
+    /// Every live input is idle.
+    Idle,
 }
 
 /// How the gate treats an input that delivered a barrier.
@@ -51,12 +61,57 @@ pub struct InputGate {
     aligning: Option<Barrier>,
     next: usize,
     name: String,
+    /// Each input's latest watermark (`None`: none yet).
+    watermarks: Vec<Option<i64>>,
+    idle: Vec<bool>,
+    /// The last watermark handed on, and whether idleness was.
+    emitted: Option<i64>,
+    emitted_idle: bool,
 }
 
 impl InputGate {
     pub fn new(name: String, inputs: Vec<mpsc::Receiver<Message>>, alignment: Alignment) -> Self {
         let n = inputs.len();
-        InputGate { inputs, alignment, blocked: vec![false; n], ended: vec![false; n], aligning: None, next: 0, name }
+        InputGate {
+            inputs,
+            alignment,
+            blocked: vec![false; n],
+            ended: vec![false; n],
+            aligning: None,
+            next: 0,
+            name,
+            watermarks: vec![None; n],
+            idle: vec![false; n],
+            emitted: None,
+            emitted_idle: false,
+        }
+    }
+
+    /// What the inputs' watermarks now allow: a grown combined watermark,
+    /// or idleness of every live input, when not handed on already.
+    fn watermark_event(&mut self) -> Option<GateEvent> {
+        let live: Vec<usize> = (0..self.inputs.len()).filter(|&i| !self.ended[i]).collect();
+        if live.is_empty() {
+            return None;
+        }
+        let active: Vec<usize> = live.iter().copied().filter(|&i| !self.idle[i]).collect();
+        if active.is_empty() {
+            if self.emitted_idle {
+                return None;
+            }
+            self.emitted_idle = true;
+            return Some(GateEvent::Idle);
+        }
+        let mut combined = i64::MAX;
+        for &i in &active {
+            combined = combined.min(self.watermarks[i]?);
+        }
+        self.emitted_idle = false;
+        if self.emitted.is_some_and(|e| e >= combined) {
+            return None;
+        }
+        self.emitted = Some(combined);
+        Some(GateEvent::Watermark(combined))
     }
 
     fn live(&self) -> usize {
@@ -119,6 +174,19 @@ impl InputGate {
                         crate::fault::crash_point("mid-alignment", a.checkpoint_id);
                     }
                 }
+                Message::Watermark(w) => {
+                    self.idle[i] = false;
+                    self.watermarks[i] = Some(self.watermarks[i].map_or(w, |old| old.max(w)));
+                    if let Some(e) = self.watermark_event() {
+                        return Ok(e);
+                    }
+                }
+                Message::Idle => {
+                    self.idle[i] = true;
+                    if let Some(e) = self.watermark_event() {
+                        return Ok(e);
+                    }
+                }
                 Message::End => {
                     self.ended[i] = true;
                     if self.live() == 0 {
@@ -126,6 +194,12 @@ impl InputGate {
                     }
                     if let Some(b) = self.try_release() {
                         return Ok(GateEvent::Barrier(b));
+                    }
+                    // An ended input holds nothing back: the others may now
+                    // allow a larger watermark. (Handed on with the next
+                    // message: a barrier released above comes first.)
+                    if let Some(e) = self.watermark_event() {
+                        return Ok(e);
                     }
                 }
             }
@@ -162,7 +236,34 @@ mod tests {
             GateEvent::Batch(b) => b.column(0).as_any().downcast_ref::<Int64Array>().unwrap().value(0),
             GateEvent::Barrier(b) => -(b.checkpoint_id as i64),
             GateEvent::End => i64::MIN,
+            GateEvent::Watermark(w) => 1_000_000 + w,
+            GateEvent::Idle => i64::MAX,
         }
+    }
+
+    #[tokio::test]
+    async fn the_watermark_is_the_smallest_of_the_live_inputs_and_idle_inputs_hold_nothing_back() {
+        let (tx0, rx0) = mpsc::channel(16);
+        let (tx1, rx1) = mpsc::channel(16);
+        let mut gate = InputGate::new("t".into(), vec![rx0, rx1], Alignment::Aligned);
+        tx0.send(Message::Watermark(10)).await.unwrap();
+        tx0.send(Message::Watermark(20)).await.unwrap();
+        // Until input 1 sends one, nothing; then the smaller of the two.
+        tx1.send(Message::Watermark(15)).await.unwrap();
+        assert_eq!(value(&gate.next().await.unwrap()), 1_000_010);
+        assert_eq!(value(&gate.next().await.unwrap()), 1_000_015);
+        tx1.send(Message::Idle).await.unwrap();
+        assert_eq!(value(&gate.next().await.unwrap()), 1_000_020, "an idle input holds nothing back");
+        tx0.send(Message::Idle).await.unwrap();
+        assert_eq!(value(&gate.next().await.unwrap()), i64::MAX, "all idle");
+        tx1.send(Message::Watermark(30)).await.unwrap();
+        assert_eq!(value(&gate.next().await.unwrap()), 1_000_030);
+        tx1.send(Message::End).await.unwrap();
+        assert_eq!(value(&gate.next().await.unwrap()), i64::MAX, "the one live input left is idle");
+        tx0.send(Message::Watermark(25)).await.unwrap();
+        tx0.send(Message::Watermark(40)).await.unwrap();
+        // 25 is below what was handed on: only 40 comes through.
+        assert_eq!(value(&gate.next().await.unwrap()), 1_000_040);
     }
 
     #[tokio::test]

@@ -51,7 +51,7 @@ use start::restore_state;
 use gate::{Alignment, InputGate};
 use weir_api::Guarantee;
 use read_marks::ReadMarks;
-use subtask::{AtMostOnce, Counters, Input, Notification, Output, ReadAhead, Subtask};
+use subtask::{AtMostOnce, Counters, Input, Notification, Output, ReadAhead, SourceClock, Subtask};
 
 pub struct WorkerConfig {
     pub plan: Arc<JobPlan>,
@@ -362,9 +362,9 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
             let mut schema = stage.input_schema.clone();
             for op_plan in &stage.operators {
                 let mut op = Operator::new(op_plan, &schema, j, p, max_p)?;
-                if let (Some(r), Some(k)) = (&restored, op.as_keyed()) {
+                if let (Some(r), true) = (&restored, op.is_stateful()) {
                     for batch in r.keyed_batches(op_plan.id.as_str(), j, p).await? {
-                        k.restore(&batch, &r.location.display)?;
+                        op.restore(&batch, &r.location.display)?;
                     }
                 }
                 schema = op_plan.output_schema.clone();
@@ -395,6 +395,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                 storage: storage.clone(),
                 counters: counters.clone(),
                 at_most_once: at_most_once.then(|| AtMostOnce { flush_every: spec.checkpoint.interval.get() }),
+                clock: if stage_index == 0 { plan.event_time.clone().map(SourceClock::new) } else { None },
             };
             tasks.spawn(subtask.run());
         }
@@ -412,6 +413,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                 records_in: metrics_counters.records_in.load(std::sync::atomic::Ordering::Relaxed),
                 records_out: metrics_counters.records_out.load(std::sync::atomic::Ordering::Relaxed),
                 records_skipped: metrics_counters.records_skipped.load(std::sync::atomic::Ordering::Relaxed),
+                records_late: metrics_counters.records_late.load(std::sync::atomic::Ordering::Relaxed),
             };
             if metrics_tx.send(msg).is_err() {
                 return;
@@ -467,6 +469,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
         records_in: counters.records_in.load(std::sync::atomic::Ordering::Relaxed),
         records_out: counters.records_out.load(std::sync::atomic::Ordering::Relaxed),
         records_skipped: counters.records_skipped.load(std::sync::atomic::Ordering::Relaxed),
+        records_late: counters.records_late.load(std::sync::atomic::Ordering::Relaxed),
     };
     metrics.abort();
     set_phase(if ending == "finished" { "finishing" } else { ending });

@@ -47,6 +47,8 @@ pub enum ToCoordinator {
         records_out: u64,
         #[serde(default)]
         records_skipped: u64,
+        #[serde(default)]
+        records_late: u64,
     },
     Finished,
     /// Sent every [`heartbeat_interval`]: a worker that sends nothing for

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow::array::RecordBatch;
+use arrow::array::{AsArray, RecordBatch};
 use tokio::sync::{broadcast, mpsc};
 
 use super::gate::{GateEvent, InputGate};
@@ -29,7 +29,7 @@ use crate::error::{Error, Result};
 use crate::exchange::partition::Partitioner;
 use crate::exchange::{Barrier, Message};
 use crate::operator::Operator;
-use crate::plan::{SINK_ID, SOURCE_ID};
+use crate::plan::{EventTimePlan, SINK_ID, SOURCE_ID};
 use crate::sink::SinkWriter;
 use crate::source::{Poll, SourceReader};
 
@@ -39,6 +39,50 @@ pub struct Counters {
     pub records_out: AtomicU64,
     /// Input records a source left out under its bad-line policy.
     pub records_skipped: AtomicU64,
+    /// Records windows dropped as late.
+    pub records_late: AtomicU64,
+}
+
+/// A source subtask's event-time watermark: the largest event time read,
+/// less the allowed out-of-orderness, less 1 ms.
+pub struct SourceClock {
+    plan: EventTimePlan,
+    max_seen: Option<i64>,
+    emitted: Option<i64>,
+    last_read: tokio::time::Instant,
+    idle: bool,
+}
+
+impl SourceClock {
+    pub fn new(plan: EventTimePlan) -> SourceClock {
+        SourceClock { plan, max_seen: None, emitted: None, last_read: tokio::time::Instant::now(), idle: false }
+    }
+
+    /// The watermark after `batch`, when it grew (or the source was idle).
+    fn after(&mut self, batch: &RecordBatch) -> Option<i64> {
+        self.last_read = tokio::time::Instant::now();
+        let times = batch.column(self.plan.column).as_primitive_opt::<arrow::datatypes::Int64Type>()?;
+        if let Some(max) = arrow::compute::max(times) {
+            self.max_seen = Some(self.max_seen.map_or(max, |m| m.max(max)));
+        }
+        let watermark = self.max_seen?.saturating_sub(self.plan.max_out_of_orderness_ms).saturating_sub(1);
+        if self.emitted.is_some_and(|e| e >= watermark) && !self.idle {
+            return None;
+        }
+        self.idle = false;
+        self.emitted = Some(self.emitted.map_or(watermark, |e| e.max(watermark)));
+        self.emitted
+    }
+
+    /// Whether the source just became idle (nothing read for `idle_timeout`).
+    fn became_idle(&mut self) -> bool {
+        let Some(timeout) = self.plan.idle_timeout else { return false };
+        if self.idle || self.last_read.elapsed() < timeout {
+            return false;
+        }
+        self.idle = true;
+        true
+    }
 }
 
 /// What the coordinator tells sinks.
@@ -97,6 +141,8 @@ pub struct Subtask {
     pub counters: Arc<Counters>,
     /// Set when the job is at-most-once.
     pub at_most_once: Option<AtMostOnce>,
+    /// Set for a source subtask of a job with event time.
+    pub clock: Option<SourceClock>,
 }
 
 enum Event {
@@ -109,6 +155,10 @@ enum Event {
     Idle,
     /// At-most-once: time for the sink to publish.
     Flush,
+    /// The inputs' watermark grew.
+    Watermark(i64),
+    /// Every input is idle.
+    InputIdle,
 }
 
 impl Subtask {
@@ -130,13 +180,31 @@ impl Subtask {
         loop {
             let ev = self.next_event(&mut source_done, input_ended, flush_at).await?;
             match ev {
-                Event::Batch(b) => self.process(b).await?,
-                Event::Idle => {}
+                Event::Batch(b) => {
+                    let watermark = self.clock.as_mut().and_then(|c| c.after(&b));
+                    self.process(b).await?;
+                    if let Some(w) = watermark {
+                        self.on_watermark(w).await?;
+                    }
+                }
+                Event::Idle => {
+                    if self.clock.as_mut().is_some_and(|c| c.became_idle()) {
+                        self.forward(|| Message::Idle).await?;
+                    }
+                }
+                Event::Watermark(w) => self.on_watermark(w).await?,
+                Event::InputIdle => self.forward(|| Message::Idle).await?,
                 Event::Flush => {
                     self.flush_sink(&mut flushes).await?;
                     flush_at = self.at_most_once.map(|a| tokio::time::Instant::now() + a.flush_every);
                 }
                 Event::SourceFinished => {
+                    // The end of the input is the end of time: every window
+                    // fires before the final barrier, so its results are in
+                    // the final checkpoint.
+                    if self.clock.is_some() {
+                        self.on_watermark(i64::MAX).await?;
+                    }
                     let _ = self.to_coordinator.send(ToCoordinator::SourceFinished { subtask: self.index });
                 }
                 Event::Barrier(b) => {
@@ -200,6 +268,8 @@ impl Subtask {
                     GateEvent::Batch(b) => Event::Batch(b),
                     GateEvent::Barrier(b) => Event::Barrier(b),
                     GateEvent::End => Event::End,
+                    GateEvent::Watermark(w) => Event::Watermark(w),
+                    GateEvent::Idle => Event::InputIdle,
                 }),
                 Input::Source { reader, triggers, ahead } => {
                     if let Ok(b) = triggers.try_recv() {
@@ -266,10 +336,19 @@ impl Subtask {
         if let Input::Source { .. } = self.input {
             self.counters.records_in.fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
         }
+        self.emit_from(0, batch).await
+    }
+
+    /// Runs `batch` through the operators from `first` on, then out.
+    async fn emit_from(&mut self, first: usize, batch: RecordBatch) -> Result<()> {
         let mut current = Some(batch);
-        for op in &mut self.operators {
+        for op in &mut self.operators[first..] {
             let Some(b) = current.take() else { break };
             current = op.process(b)?;
+        }
+        let late: u64 = self.operators.iter_mut().map(|op| op.take_late()).sum();
+        if late > 0 {
+            self.counters.records_late.fetch_add(late, Ordering::Relaxed);
         }
         let Some(batch) = current else { return Ok(()) };
         match &mut self.output {
@@ -297,9 +376,9 @@ impl Subtask {
         }
         // The synchronous part: copies of keyed state.
         let mut keyed = Vec::new();
-        for op in &mut self.operators {
-            if let Some(k) = op.as_keyed() {
-                keyed.push((k.id().to_string(), k.snapshot()?));
+        for op in &self.operators {
+            if let Some(batch) = op.snapshot()? {
+                keyed.push((op.id().to_string(), batch));
             }
         }
         let name = self.name();
@@ -345,6 +424,27 @@ impl Subtask {
                 crate::fault::crash_point("after-ack", id);
             }
         });
+        Ok(())
+    }
+
+    /// The watermark grew: each operator in turn fires what it completes
+    /// (the results go through the operators after it), then it moves on.
+    async fn on_watermark(&mut self, watermark: i64) -> Result<()> {
+        for k in 0..self.operators.len() {
+            if let Some(fired) = self.operators[k].on_watermark(watermark)? {
+                self.emit_from(k + 1, fired).await?;
+            }
+        }
+        self.forward(|| Message::Watermark(watermark)).await
+    }
+
+    /// Sends a message to every downstream subtask (none after a sink).
+    async fn forward(&mut self, message: impl Fn() -> Message) -> Result<()> {
+        if let Output::Exchange { senders, .. } = &self.output {
+            for s in senders {
+                s.send(message()).await.map_err(|_| Error::Job(format!("stage {} subtask {}: downstream went away", self.stage, self.index)))?;
+            }
+        }
         Ok(())
     }
 

@@ -20,3 +20,4 @@ mod postgres_sink;
 mod postgres_tls;
 mod s3_storage;
 mod savepoint_compat;
+mod windows;

@@ -1,0 +1,135 @@
+use super::*;
+use crate::plan::WindowAggPlan;
+
+fn input_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("t", DataType::Int64, true),
+        Field::new("v", DataType::Int64, true),
+    ]))
+}
+
+fn output_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("window_start", DataType::Int64, false),
+        Field::new("window_end", DataType::Int64, false),
+        Field::new("n", DataType::Int64, false),
+        Field::new("total", DataType::Int64, true),
+        Field::new("mean", DataType::Float64, true),
+    ]))
+}
+
+fn plan(size: i64, slide: i64, lateness: i64) -> WindowPlan {
+    let agg = |function, input: Option<usize>| WindowAggPlan { function, input, input_type: DataType::Int64 };
+    WindowPlan {
+        key_indices: vec![0],
+        time_index: 1,
+        size_ms: size,
+        slide_ms: slide,
+        allowed_lateness_ms: lateness,
+        aggregates: vec![agg(WindowFn::Count, None), agg(WindowFn::Sum, Some(2)), agg(WindowFn::Avg, Some(2))],
+    }
+}
+
+fn window(plan: &WindowPlan, subtask: u32, parallelism: u32) -> WindowAggregate {
+    WindowAggregate::new("window-0".into(), "steps[1].window".into(), plan, &input_schema(), output_schema(), subtask, parallelism, 16).unwrap()
+}
+
+fn batch(rows: &[(i64, i64, i64)]) -> RecordBatch {
+    RecordBatch::try_new(
+        input_schema(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))),
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.2))),
+        ],
+    )
+    .unwrap()
+}
+
+/// (key, start, end, count, sum), sorted.
+fn results(b: Option<RecordBatch>) -> Vec<(i64, i64, i64, i64, i64)> {
+    let Some(b) = b else { return Vec::new() };
+    let col = |i: usize| b.column(i).as_primitive::<Int64Type>().clone();
+    let (k, s, e, n, t) = (col(0), col(1), col(2), col(3), col(4));
+    let mut out: Vec<_> = (0..b.num_rows()).map(|r| (k.value(r), s.value(r), e.value(r), n.value(r), t.value(r))).collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn a_tumbling_window_fires_once_the_watermark_reaches_its_last_millisecond() {
+    let mut w = window(&plan(10, 10, 0), 0, 1);
+    assert!(w.process(batch(&[(1, 3, 1), (2, 9, 5), (1, 12, 2), (1, 0, 4)])).unwrap().is_none());
+    assert!(results(w.on_watermark(8).unwrap()).is_empty(), "the window [0,10) may still get a record at 9");
+    assert_eq!(results(w.on_watermark(9).unwrap()), vec![(1, 0, 10, 2, 5), (2, 0, 10, 1, 5)]);
+    assert!(results(w.on_watermark(15).unwrap()).is_empty());
+    assert_eq!(results(w.on_watermark(i64::MAX).unwrap()), vec![(1, 10, 20, 1, 2)]);
+}
+
+#[test]
+fn a_sliding_window_counts_a_record_in_every_window_that_holds_it() {
+    let mut w = window(&plan(10, 5, 0), 0, 1);
+    w.process(batch(&[(1, 7, 1), (1, 12, 1)])).unwrap();
+    assert_eq!(
+        results(w.on_watermark(i64::MAX).unwrap()),
+        vec![(1, 0, 10, 1, 1), (1, 5, 15, 2, 2), (1, 10, 20, 1, 1)]
+    );
+}
+
+#[test]
+fn a_record_for_a_fired_window_is_late_counted_and_dropped() {
+    let mut w = window(&plan(10, 10, 0), 0, 1);
+    w.process(batch(&[(1, 3, 1)])).unwrap();
+    w.on_watermark(10).unwrap();
+    assert!(w.process(batch(&[(1, 5, 100)])).unwrap().is_none());
+    assert_eq!(w.take_late(), 1);
+    assert!(results(w.on_watermark(i64::MAX).unwrap()).is_empty(), "the late record opened no window");
+}
+
+#[test]
+fn within_the_allowed_lateness_a_late_record_fires_its_window_again_with_the_new_result() {
+    let mut w = window(&plan(10, 10, 5), 0, 1);
+    w.process(batch(&[(1, 3, 1)])).unwrap();
+    assert_eq!(results(w.on_watermark(9).unwrap()), vec![(1, 0, 10, 1, 1)]);
+    assert_eq!(results(w.process(batch(&[(1, 4, 10)])).unwrap()), vec![(1, 0, 10, 2, 11)]);
+    assert_eq!(w.take_late(), 0);
+    w.on_watermark(14).unwrap();
+    w.process(batch(&[(1, 5, 1)])).unwrap();
+    assert_eq!(w.take_late(), 1, "past the lateness the window is gone");
+}
+
+#[test]
+fn a_restore_at_another_parallelism_keeps_every_window_and_the_watermark() {
+    let p = plan(10, 10, 0);
+    let mut before = window(&p, 0, 1);
+    let rows: Vec<(i64, i64, i64)> = (0..40).map(|k| (k, 15, k)).chain([(3, 2, 1)]).collect();
+    before.process(batch(&rows)).unwrap();
+    // The window [0,10) fired before the checkpoint.
+    assert_eq!(results(before.on_watermark(12).unwrap()), vec![(3, 0, 10, 1, 1)]);
+    let snapshot = before.snapshot().unwrap();
+    let mut all = Vec::new();
+    for s in 0..3 {
+        let mut after = window(&p, s, 3);
+        after.restore(&snapshot, "chk-1").unwrap();
+        // A record for the fired window is as late as it was, in every subtask.
+        after.process(batch(&[(3, 1, 1)])).unwrap();
+        assert_eq!(after.take_late(), 1);
+        all.extend(results(after.on_watermark(i64::MAX).unwrap()));
+    }
+    all.sort();
+    assert_eq!(all, (0..40).map(|k| (k, 10, 20, 1, k)).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_null_event_time_fails_naming_the_record() {
+    let mut w = window(&plan(10, 10, 0), 0, 1);
+    let b = RecordBatch::try_new(
+        input_schema(),
+        vec![Arc::new(Int64Array::from(vec![1])), Arc::new(Int64Array::from(vec![None])), Arc::new(Int64Array::from(vec![1]))],
+    )
+    .unwrap();
+    let err = w.process(b).unwrap_err();
+    assert!(err.is_fatal() && err.to_string().contains("event-time field is null"), "{err}");
+}

@@ -1,0 +1,124 @@
+//! Event-time windows: results computed independently here, compared with
+//! what the job committed after worker kills (every window of every key
+//! exactly once, with the right aggregates), and late records dropped,
+//! counted and, within the allowed lateness, folded into a second firing.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::common::*;
+
+/// A generator whose `value` (= seq) is the event time in milliseconds. Its
+/// subtasks deal events from 8 interleaved splits in batches of 16, so
+/// event times come up to 8 × 16 ms out of order; 200 ms of allowed
+/// out-of-orderness means no record is late.
+fn windowed(parallelism: u32, events: u64, keys: u64, rate: u64) -> Job {
+    let yaml = format!(
+        "name: eo-test\nparallelism: {parallelism}\nmax_parallelism: 8\ncheckpoint:\n  interval: 200ms\nevent_time:\n  field: value\n  max_out_of_orderness: 200ms\n\
+source:\n  generator:\n    events: {events}\n    keys: {keys}\n    rate: {rate}\n    batch_size: 16\n\
+steps:\n  - key_by: key\n  - window:\n      tumbling: 1s\n      aggregates:\n        - count: n\n        - sum: {{field: seq, as: total}}\n        - max: {{field: seq, as: last}}\n\
+sink:\n  file:\n    path: out/eo\n    format: jsonl\n"
+    );
+    Job::with_pipeline(&yaml, events, keys)
+}
+
+/// (key, window_start) → (count, sum, max), from the events alone.
+fn expected_windows(events: u64, keys: u64) -> BTreeMap<(i64, i64), (i64, i64, i64)> {
+    let mut out: BTreeMap<(i64, i64), (i64, i64, i64)> = BTreeMap::new();
+    for i in 0..events as i64 {
+        let w = out.entry((i % keys as i64, i - i % 1000)).or_insert((0, 0, i64::MIN));
+        w.0 += 1;
+        w.1 += i;
+        w.2 = w.2.max(i);
+    }
+    out
+}
+
+fn committed_windows(job: &Job) -> BTreeMap<(i64, i64), Vec<(i64, i64, i64)>> {
+    let mut out: BTreeMap<(i64, i64), Vec<(i64, i64, i64)>> = BTreeMap::new();
+    for l in job.committed_lines() {
+        let (start, end) = (l["window_start"].as_i64().unwrap(), l["window_end"].as_i64().unwrap());
+        assert_eq!(end - start, 1000, "{l}");
+        out.entry((l["key"].as_i64().unwrap(), start))
+            .or_default()
+            .push((l["n"].as_i64().unwrap(), l["total"].as_i64().unwrap(), l["last"].as_i64().unwrap()));
+    }
+    out
+}
+
+fn assert_every_window_once(job: &Job) {
+    let expected = expected_windows(job.events, job.keys);
+    let committed = committed_windows(job);
+    let twice: Vec<_> = committed.iter().filter(|(_, v)| v.len() > 1).take(5).collect();
+    assert!(twice.is_empty(), "windows committed more than once: {twice:?}");
+    let missing: Vec<_> = expected.keys().filter(|k| !committed.contains_key(k)).take(5).collect();
+    assert!(missing.is_empty(), "windows never committed (of {}): {missing:?}", expected.len());
+    for (k, want) in &expected {
+        assert_eq!(&committed[k][0], want, "window {k:?}");
+    }
+    assert_eq!(committed.len(), expected.len());
+}
+
+#[test]
+fn tumbling_windows_over_out_of_order_events_fire_once_each_without_failures() {
+    let job = windowed(2, 20_000, 7, 0);
+    let out = job.run(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["records_late"], 0, "{summary}");
+    assert_every_window_once(&job);
+}
+
+#[test]
+fn tumbling_windows_survive_worker_kills_exactly_once() {
+    let job = windowed(3, 60_000, 30, 15_000);
+    let mut child = job.spawn(&[]);
+    let kills = kill_workers_while_running(&job, &mut child, 4);
+    let out = wait_with_timeout(child, Duration::from_secs(180));
+    assert!(out.status.success(), "weir run failed:\n{}", stderr(&out));
+    assert!(kills >= 2, "only {kills} kills happened before the job ended");
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    assert_eq!(summary["records_late"], 0, "records were late after a restore: {summary}\n{}", stderr(&out));
+    assert_every_window_once(&job);
+}
+
+#[test]
+fn late_records_are_counted_and_dropped_or_within_the_lateness_fire_the_window_again() {
+    // One subtask, in this order: times 100 and 900 fill [0, 1000); 1500
+    // moves the watermark to 1499, which fires it; 950 is then late but
+    // within 600 ms of lateness, so the window fires again with it; 2700
+    // moves the watermark past 999 + 600, and 10 is dropped and counted.
+    let lines = [(1, 100), (1, 900), (1, 1500), (1, 950), (1, 2700), (1, 10)];
+    let job = Job::with_pipeline(
+        "name: eo-test\nevent_time:\n  field: t\nsource:\n  file:\n    path: in.jsonl\n    schema: {key: int64, t: int64}\n    batch_size: 1\n\
+steps:\n  - key_by: key\n  - window:\n      tumbling: 1s\n      allowed_lateness: 600ms\n      aggregates:\n        - count: n\n        - min: {field: t, as: first}\n\
+sink:\n  file:\n    path: out/eo\n    format: jsonl\n",
+        0,
+        0,
+    );
+    let text: String = lines.iter().map(|(k, t)| format!("{{\"key\":{k},\"t\":{t}}}\n")).collect();
+    std::fs::write(job.path("in.jsonl"), text).unwrap();
+    let out = job.run(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["records_late"], 1, "{summary}");
+    assert!(stderr(&out).contains("1 late records dropped by windows"), "{}", stderr(&out));
+    let mut got: Vec<(i64, i64, i64)> = job
+        .committed_lines()
+        .iter()
+        .map(|l| (l["window_start"].as_i64().unwrap(), l["n"].as_i64().unwrap(), l["first"].as_i64().unwrap()))
+        .collect();
+    got.sort();
+    assert_eq!(got, vec![(0, 2, 100), (0, 3, 100), (1000, 1, 1500), (2000, 1, 2700)]);
+}
+
+#[test]
+fn a_window_without_event_time_is_refused_naming_the_step() {
+    let job = Job::with_pipeline(
+        "name: eo-test\nsource:\n  generator: {events: 10}\nsteps:\n  - key_by: key\n  - window:\n      tumbling: 1s\n      aggregates: [{count: n}]\nsink:\n  blackhole: {}\n",
+        0,
+        0,
+    );
+    let err = assert_refused(&job.run(&[]));
+    assert!(err.contains("steps[1].window") && err.contains("event_time"), "{err}");
+}
