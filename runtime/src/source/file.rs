@@ -224,6 +224,8 @@ pub struct FileReader {
     bad_lines: BadLines,
     /// The line being read (reused).
     line: Vec<u8>,
+    /// The split the last batch came from.
+    last: usize,
     /// Skipped lines not yet taken by [`FileReader::take_skipped`]; starts
     /// with those of the restored positions.
     unreported_skipped: u64,
@@ -301,6 +303,7 @@ impl FileReader {
             line: Vec::new(),
             unreported_skipped,
             skip_log: SkipLog::new(),
+            last: 0,
         })
     }
 
@@ -325,8 +328,9 @@ impl FileReader {
                 let Some(i) = self.splits.iter().position(|s| !s.done) else { return Ok(Poll::Finished) };
                 self.start(i)?;
             }
-            let FileReader { splits, current, decoder, schema, batch_size, bad_lines, line, unreported_skipped, skip_log } = self;
+            let FileReader { splits, current, decoder, schema, batch_size, bad_lines, line, unreported_skipped, skip_log, last } = self;
             let Some((i, reader)) = current.as_mut() else { continue };
+            let idx = *i;
             let split = &mut splits[*i];
             while decoder.rows() < *batch_size {
                 line.clear();
@@ -367,6 +371,7 @@ impl FileReader {
                 }
             }
             if decoder.rows() > 0 {
+                *last = idx;
                 return Ok(Poll::Batch(decoder.finish(schema)?));
             }
         }
@@ -376,6 +381,14 @@ impl FileReader {
     /// restored positions counted).
     pub fn take_skipped(&mut self) -> u64 {
         std::mem::take(&mut self.unreported_skipped)
+    }
+
+    pub fn last_split(&self) -> String {
+        self.splits.get(self.last).map(|s| s.id.clone()).unwrap_or_default()
+    }
+
+    pub fn active_splits(&self) -> Vec<String> {
+        self.current.as_ref().map(|(i, _)| vec![self.splits[*i].id.clone()]).unwrap_or_default()
     }
 
     pub fn positions(&self) -> SourcePositions {

@@ -32,6 +32,8 @@ pub struct GeneratorReader {
     rate: f64,
     rate_start: Instant,
     emitted_since_start: u64,
+    /// The split of the last batch.
+    last: u64,
 }
 
 impl GeneratorReader {
@@ -76,6 +78,7 @@ impl GeneratorReader {
             rate: spec.rate as f64 * share,
             rate_start: Instant::now(),
             emitted_since_start: 0,
+            last: 0,
         })
     }
 
@@ -106,6 +109,7 @@ impl GeneratorReader {
             let value = seq.clone();
             split.emitted += n;
             self.emitted_since_start += n;
+            self.last = split.index;
             let batch = RecordBatch::try_new(self.schema.clone(), vec![Arc::new(seq), Arc::new(key), Arc::new(value)]);
             return match batch {
                 Ok(b) => Poll::Batch(b),
@@ -114,6 +118,14 @@ impl GeneratorReader {
             };
         }
         Poll::Finished
+    }
+
+    pub fn last_split(&self) -> String {
+        format!("generator-{}", self.last)
+    }
+
+    pub fn active_splits(&self) -> Vec<String> {
+        self.splits.iter().filter(|s| s.emitted < s.len).map(|s| format!("generator-{}", s.index)).collect()
     }
 
     pub fn positions(&self) -> SourcePositions {

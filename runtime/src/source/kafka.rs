@@ -62,6 +62,10 @@ pub struct KafkaReader {
     started: std::time::Instant,
     /// Messages consumed since `started`.
     consumed: u64,
+    /// The partition of each row decoded for the batch being built, and of
+    /// the last batch returned.
+    row_partitions: Vec<i32>,
+    last_rows: Vec<i32>,
 }
 
 fn split_id(topic: &str, partition: i32) -> String {
@@ -163,6 +167,8 @@ impl KafkaReader {
             rate: spec.rate as f64 / parallelism as f64,
             started: std::time::Instant::now(),
             consumed: 0,
+            row_partitions: Vec::new(),
+            last_rows: Vec::new(),
         })
     }
 
@@ -254,16 +260,27 @@ impl KafkaReader {
                 }
                 *self.skipped.entry(p).or_default() += 1;
                 self.unreported += 1;
+            } else {
+                self.row_partitions.push(p);
             }
             self.offsets.insert(p, offset + 1);
         }
         if self.decoder.rows() > 0 {
+            self.last_rows = std::mem::take(&mut self.row_partitions);
             return Ok(Poll::Batch(self.decoder.finish(&self.schema)?));
         }
         if self.stop_at_end && self.ended.len() == self.offsets.len() {
             return Ok(Poll::Finished);
         }
         Ok(Poll::Wait(if consumed > 0 { Duration::ZERO } else { IDLE_WAIT }))
+    }
+
+    pub fn last_row_splits(&self) -> Vec<String> {
+        self.last_rows.iter().map(|p| split_id(&self.topic, *p)).collect()
+    }
+
+    pub fn active_splits(&self) -> Vec<String> {
+        self.offsets.keys().filter(|p| !self.ended.contains(p)).map(|p| split_id(&self.topic, *p)).collect()
     }
 
     pub fn take_skipped(&mut self) -> u64 {

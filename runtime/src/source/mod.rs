@@ -49,6 +49,14 @@ pub enum SourceReader {
     Socket(socket::SocketReader),
 }
 
+/// Which split each row of the last batch came from, for per-split watermarks.
+pub enum RowSplits {
+    /// Every row from this split.
+    All(String),
+    /// Row i from split `each[i]`.
+    Each(Vec<String>),
+}
+
 /// What to do next.
 #[derive(Debug)]
 pub enum Poll {
@@ -99,6 +107,29 @@ impl SourceReader {
             SourceReader::File(f) => f.poll(),
             SourceReader::Kafka(k) => k.poll(),
             SourceReader::Socket(s) => s.poll(),
+        }
+    }
+
+    /// Where the rows of the batch `poll` returned last came from.
+    pub fn last_batch_splits(&self) -> RowSplits {
+        match self {
+            SourceReader::Generator(g) => RowSplits::All(g.last_split()),
+            SourceReader::File(f) => RowSplits::All(f.last_split()),
+            SourceReader::Kafka(k) => RowSplits::Each(k.last_row_splits()),
+            SourceReader::Socket(_) => RowSplits::All("socket".into()),
+        }
+    }
+
+    /// The splits being read now, which a per-split watermark waits for: a
+    /// generator's and a Kafka source's unfinished splits (read side by
+    /// side), a file source's current file (files are read one after the
+    /// other, so one not started yet holds nothing back).
+    pub fn active_splits(&self) -> Vec<String> {
+        match self {
+            SourceReader::Generator(g) => g.active_splits(),
+            SourceReader::File(f) => f.active_splits(),
+            SourceReader::Kafka(k) => k.active_splits(),
+            SourceReader::Socket(_) => vec!["socket".into()],
         }
     }
 

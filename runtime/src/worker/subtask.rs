@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow::array::{AsArray, RecordBatch};
+use arrow::array::{Array, AsArray, RecordBatch};
 use tokio::sync::{broadcast, mpsc};
 
 use super::gate::{GateEvent, InputGate};
@@ -31,7 +31,7 @@ use crate::exchange::{Barrier, Message};
 use crate::operator::Operator;
 use crate::plan::{EventTimePlan, SINK_ID, SOURCE_ID};
 use crate::sink::SinkWriter;
-use crate::source::{Poll, SourceReader};
+use crate::source::{Poll, RowSplits, SourceReader};
 
 #[derive(Default)]
 pub struct Counters {
@@ -43,35 +43,81 @@ pub struct Counters {
     pub records_late: AtomicU64,
 }
 
-/// A source subtask's event-time watermark: the largest event time read,
-/// less the allowed out-of-orderness, less 1 ms.
+/// A source subtask's event-time watermark, per split: each split's
+/// largest event time read, less the allowed out-of-orderness, less 1 ms;
+/// the subtask's is the smallest over the splits being read (a split with
+/// nothing read yet holds it back; one silent for `idle_timeout` does not).
+/// Per split, because a subtask reads its splits side by side and one may
+/// lag: with one watermark for all, the lagging split's records would be
+/// late, and after a restore the lag can differ from before.
 pub struct SourceClock {
     plan: EventTimePlan,
-    max_seen: Option<i64>,
+    /// Split → (largest event time read, when it last gave a record).
+    splits: std::collections::HashMap<String, (Option<i64>, tokio::time::Instant)>,
     emitted: Option<i64>,
+    started: tokio::time::Instant,
     last_read: tokio::time::Instant,
     idle: bool,
 }
 
 impl SourceClock {
     pub fn new(plan: EventTimePlan) -> SourceClock {
-        SourceClock { plan, max_seen: None, emitted: None, last_read: tokio::time::Instant::now(), idle: false }
+        let now = tokio::time::Instant::now();
+        SourceClock { plan, splits: Default::default(), emitted: None, started: now, last_read: now, idle: false }
     }
 
-    /// The watermark after `batch`, when it grew (or the source was idle).
-    fn after(&mut self, batch: &RecordBatch) -> Option<i64> {
-        self.last_read = tokio::time::Instant::now();
-        let times = batch.column(self.plan.column).as_primitive_opt::<arrow::datatypes::Int64Type>()?;
-        if let Some(max) = arrow::compute::max(times) {
-            self.max_seen = Some(self.max_seen.map_or(max, |m| m.max(max)));
+    fn saw(&mut self, split: &str, time: i64, now: tokio::time::Instant) {
+        let entry = self.splits.entry(split.to_string()).or_insert((None, now));
+        entry.0 = Some(entry.0.map_or(time, |m| m.max(time)));
+        entry.1 = now;
+    }
+
+    /// The watermark after `batch` (whose rows came from `origin`), when it
+    /// grew, or when the source was idle until now.
+    fn after(&mut self, batch: &RecordBatch, origin: RowSplits, active: &[String]) -> Option<i64> {
+        let now = tokio::time::Instant::now();
+        self.last_read = now;
+        let times = batch.column(self.plan.column).as_primitive_opt::<arrow::datatypes::Int64Type>()?.clone();
+        match origin {
+            RowSplits::All(split) => {
+                if let Some(max) = arrow::compute::max(&times) {
+                    self.saw(&split, max, now);
+                }
+            }
+            RowSplits::Each(each) => {
+                for (r, split) in each.iter().enumerate().take(times.len()) {
+                    if !times.is_null(r) {
+                        self.saw(split, times.value(r), now);
+                    }
+                }
+            }
         }
-        let watermark = self.max_seen?.saturating_sub(self.plan.max_out_of_orderness_ms).saturating_sub(1);
+        let watermark = self.watermark(active)?;
         if self.emitted.is_some_and(|e| e >= watermark) && !self.idle {
             return None;
         }
         self.idle = false;
         self.emitted = Some(self.emitted.map_or(watermark, |e| e.max(watermark)));
         self.emitted
+    }
+
+    /// The smallest over the active, non-idle splits; with none of those,
+    /// the largest time read at all (nothing being read holds anything back).
+    fn watermark(&self, active: &[String]) -> Option<i64> {
+        let mut smallest: Option<i64> = None;
+        for split in active {
+            let (max, seen) = self.splits.get(split).copied().unwrap_or((None, self.started));
+            if self.plan.idle_timeout.is_some_and(|t| seen.elapsed() >= t) {
+                continue;
+            }
+            let max = max?;
+            smallest = Some(smallest.map_or(max, |s| s.min(max)));
+        }
+        let base = match smallest {
+            Some(s) => s,
+            None => self.splits.values().filter_map(|(m, _)| *m).max()?,
+        };
+        Some(base.saturating_sub(self.plan.max_out_of_orderness_ms).saturating_sub(1))
     }
 
     /// Whether the source just became idle (nothing read for `idle_timeout`).
@@ -91,8 +137,6 @@ pub enum Notification {
     Complete(u64),
     Abort(u64),
 }
-
-
 
 pub enum Input {
     /// `ahead` is set under at-most-once: batches read, marked, not yet emitted.
@@ -181,7 +225,10 @@ impl Subtask {
             let ev = self.next_event(&mut source_done, input_ended, flush_at).await?;
             match ev {
                 Event::Batch(b) => {
-                    let watermark = self.clock.as_mut().and_then(|c| c.after(&b));
+                    let watermark = match (&mut self.clock, &self.input) {
+                        (Some(c), Input::Source { reader, .. }) => c.after(&b, reader.last_batch_splits(), &reader.active_splits()),
+                        _ => None,
+                    };
                     self.process(b).await?;
                     if let Some(w) = watermark {
                         self.on_watermark(w).await?;
@@ -515,4 +562,42 @@ async fn read_ahead(reader: &mut SourceReader, ahead: &mut ReadAhead, counters: 
         ahead.marks.save(&positions).await?;
     }
     Ok(Poll::Batch(first))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::Int64Array;
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    fn times(ts: &[i64]) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![Field::new("t", DataType::Int64, false)]));
+        RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(ts.to_vec()))]).unwrap()
+    }
+
+    fn clock(idle_ms: Option<u64>) -> SourceClock {
+        SourceClock::new(EventTimePlan { column: 0, field: "t".into(), max_out_of_orderness_ms: 10, idle_timeout: idle_ms.map(Duration::from_millis) })
+    }
+
+    #[test]
+    fn a_lagging_split_holds_the_watermark_back_and_a_split_not_read_yet_holds_it_entirely() {
+        let active = vec!["a".to_string(), "b".to_string()];
+        let mut c = clock(None);
+        assert_eq!(c.after(&times(&[100, 500]), RowSplits::All("a".into()), &active), None, "b has given nothing yet");
+        assert_eq!(c.after(&times(&[200]), RowSplits::All("b".into()), &active), Some(189));
+        assert_eq!(c.after(&times(&[900]), RowSplits::All("a".into()), &active), None, "b still at 200");
+        // Rows of several splits in one batch (Kafka).
+        assert_eq!(c.after(&times(&[300, 1000]), RowSplits::Each(vec!["b".into(), "a".into()]), &active), Some(289));
+        // A finished split (no longer active) holds nothing back.
+        assert_eq!(c.after(&times(&[1001]), RowSplits::All("a".into()), &["a".to_string()]), Some(990));
+    }
+
+    #[tokio::test]
+    async fn a_split_silent_for_the_idle_timeout_holds_nothing_back() {
+        let active = vec!["a".to_string(), "b".to_string()];
+        let mut c = clock(Some(30));
+        assert_eq!(c.after(&times(&[100]), RowSplits::All("a".into()), &active), None);
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        assert_eq!(c.after(&times(&[200]), RowSplits::All("a".into()), &active), Some(189), "b never read, idle now");
+    }
 }

@@ -122,3 +122,25 @@ fn a_window_without_event_time_is_refused_naming_the_step() {
     let err = assert_refused(&job.run(&[]));
     assert!(err.contains("steps[1].window") && err.contains("event_time"), "{err}");
 }
+
+#[test]
+fn windows_checkpointed_at_parallelism_4_continue_at_2_and_then_at_6_exactly_once() {
+    let job = windowed(4, 60_000, 30, 15_000);
+    let mut args: Vec<&str> = Vec::new();
+    for (round, parallelism) in ["2", "6"].into_iter().enumerate() {
+        let child = job.spawn(&args);
+        std::thread::sleep(Duration::from_millis(1300));
+        kill_group(child.id());
+        let out = child.wait_with_output().unwrap();
+        assert!(!out.status.success(), "round {round}: the job ended before it was killed");
+        assert!(job.latest().is_some(), "round {round}: no checkpoint to restore");
+        args = vec!["--restore", "latest", "--parallelism", parallelism];
+    }
+    let out = wait_with_timeout(job.spawn(&args), Duration::from_secs(180));
+    let err = stderr(&out);
+    assert!(out.status.success(), "the run at parallelism 6 failed:\n{err}");
+    assert!(err.contains("restoring `eo-test` from checkpoint") && err.contains("parallelism 6"), "{err}");
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    assert_eq!(summary["records_late"], 0, "{summary}");
+    assert_every_window_once(&job);
+}
