@@ -91,8 +91,11 @@ pub struct WindowPlan {
     pub key_indices: Vec<usize>,
     /// The event-time column in this operator's input.
     pub time_index: usize,
+    /// Fixed windows (tumbling, sliding); both 0 for sessions.
     pub size_ms: i64,
     pub slide_ms: i64,
+    /// Session windows: the gap that closes a session.
+    pub session_gap_ms: Option<i64>,
     pub allowed_lateness_ms: i64,
     pub aggregates: Vec<WindowAggPlan>,
 }
@@ -310,7 +313,11 @@ pub fn plan(spec: &PipelineSpec, src: &PipelineSource) -> Result<JobPlan> {
                     fields.push(Arc::new(Field::new(&output, output_type, function != WindowFn::Count)));
                     aggregates.push(WindowAggPlan { function, input, input_type });
                 }
-                let (size, slide) = w.size_and_slide().ok_or_else(|| invalid("expected one of `tumbling` or `sliding`".into()))?;
+                let (size, slide, session_gap) = match w.kind() {
+                    Some(weir_api::pipeline::WindowKind::Fixed { size, slide }) => (size as i64, slide as i64, None),
+                    Some(weir_api::pipeline::WindowKind::Session { gap }) => (0, 0, Some(gap as i64)),
+                    None => return Err(invalid("expected one of `tumbling`, `sliding` or `session`".into())),
+                };
                 schema = Arc::new(Schema::new(fields));
                 operators.push(OperatorPlan {
                     id,
@@ -318,8 +325,9 @@ pub fn plan(spec: &PipelineSpec, src: &PipelineSource) -> Result<JobPlan> {
                     kind: OperatorKind::Window(WindowPlan {
                         key_indices,
                         time_index,
-                        size_ms: size as i64,
-                        slide_ms: slide as i64,
+                        size_ms: size,
+                        slide_ms: slide,
+                        session_gap_ms: session_gap,
                         allowed_lateness_ms: w.allowed_lateness.get().as_millis() as i64,
                         aggregates,
                     }),

@@ -24,7 +24,7 @@ pub use kafka::{BadMessages, Isolation, KafkaSinkSpec, KafkaSourceSpec, StartPos
 pub use postgres_sink::{PostgresMode, PostgresSinkSpec};
 pub use sink::{FileFormat, FileSinkSpec, Guarantee, SinkSpec};
 pub use source::{BadLines, FieldType, FileSourceSpec, GeneratorSpec, SocketSourceSpec, SourceSpec};
-pub use step::{step_ids, AggregateSpec, SlidingWindow, Step, StepKind, WindowAggregate, WindowSpec};
+pub use step::{step_ids, AggregateSpec, SessionWindow, SlidingWindow, Step, StepKind, WindowAggregate, WindowKind, WindowSpec};
 
 /// Keyed state is split into this many key groups unless the pipeline says
 /// otherwise. It bounds the parallelism a job can ever be rescaled to, and it

@@ -52,12 +52,22 @@ pub struct WindowSpec {
     /// Overlapping windows of `size`, one starting every `slide`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sliding: Option<SlidingWindow>,
+    /// A window per key per burst of activity: records less than `gap`
+    /// apart are one session, which ends `gap` after its last record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<SessionWindow>,
     /// How long after a window fired a late record still updates it (default 0s).
     #[serde(default = "zero", skip_serializing_if = "is_zero")]
     pub allowed_lateness: super::HumanDuration,
     /// What each window computes: `- count: n`, `- sum: {field: v, as: total}`
     /// (and `min`, `max`, `avg`).
     pub aggregates: Vec<WindowAggregate>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionWindow {
+    pub gap: super::HumanDuration,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -112,12 +122,23 @@ impl WindowAggregate {
     }
 }
 
+/// Which windows a record falls in, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowKind {
+    /// Aligned windows of `size`, one starting every `slide` (tumbling: slide = size).
+    Fixed { size: u64, slide: u64 },
+    /// Sessions closing after `gap` without a record.
+    Session { gap: u64 },
+}
+
 impl WindowSpec {
-    /// (size, slide) in milliseconds; tumbling windows slide by their size.
-    pub fn size_and_slide(&self) -> Option<(u64, u64)> {
-        match (&self.tumbling, &self.sliding) {
-            (Some(t), None) => Some((t.get().as_millis() as u64, t.get().as_millis() as u64)),
-            (None, Some(s)) => Some((s.size.get().as_millis() as u64, s.slide.get().as_millis() as u64)),
+    /// The kind of window, when exactly one of `tumbling`, `sliding`, `session` is written.
+    pub fn kind(&self) -> Option<WindowKind> {
+        let ms = |d: &super::HumanDuration| d.get().as_millis() as u64;
+        match (&self.tumbling, &self.sliding, &self.session) {
+            (Some(t), None, None) => Some(WindowKind::Fixed { size: ms(t), slide: ms(t) }),
+            (None, Some(s), None) => Some(WindowKind::Fixed { size: ms(&s.size), slide: ms(&s.slide) }),
+            (None, None, Some(s)) => Some(WindowKind::Session { gap: ms(&s.gap) }),
             _ => None,
         }
     }
@@ -217,12 +238,13 @@ pub(super) fn validate_steps(steps: &[Step], src: &PipelineSource) -> Result<(),
                 if !keyed {
                     return Err(src.invalid(&field, "window keeps state per key: expected a `key_by` step before it"));
                 }
-                match w.size_and_slide() {
-                    None => return Err(src.invalid(&field, "expected one of `tumbling: SIZE` or `sliding: {size, slide}`")),
-                    Some((size, slide)) if size == 0 || slide == 0 => {
+                match w.kind() {
+                    None => return Err(src.invalid(&field, "expected one of `tumbling: SIZE`, `sliding: {size, slide}` or `session: {gap}`")),
+                    Some(WindowKind::Session { gap: 0 }) => return Err(src.invalid(&format!("{field}.session.gap"), "expected a gap above 0")),
+                    Some(WindowKind::Fixed { size, slide }) if size == 0 || slide == 0 => {
                         return Err(src.invalid(&field, "expected window sizes and slides above 0"));
                     }
-                    Some((size, slide)) if slide > size => {
+                    Some(WindowKind::Fixed { size, slide }) if slide > size => {
                         return Err(src.invalid(&format!("{field}.sliding.slide"), format!("{slide}ms is longer than the window ({size}ms): records between windows would belong to none; expected at most the size")));
                     }
                     _ => {}

@@ -1,7 +1,10 @@
-//! Event-time windows per key (tumbling and sliding), fired by the watermark.
+//! Event-time windows per key (tumbling, sliding, session), fired by the watermark.
 //!
 //! A record with event time `t` belongs to every window `[start, start +
-//! size)` with `start` a multiple of `slide` and `start <= t < start + size`.
+//! size)` with `start` a multiple of `slide` and `start <= t < start + size`;
+//! with sessions, to `[t, t + gap)` merged with every session of its key
+//! that it overlaps or touches (their accumulators combined, as Flink's
+//! merging windows do).
 //! State is one accumulator row per (window, key); a window fires when the
 //! watermark reaches `end - 1` (every record it can hold has arrived, as the
 //! watermark promises) and is dropped once the watermark passes `end - 1 +
@@ -52,10 +55,16 @@ enum Acc {
 /// A window: (end, start), ordered by end so that firing walks a prefix.
 type WindowKey = (i64, i64);
 
+/// One key's accumulators in one window, and whether they were output.
+#[derive(Clone)]
+struct Entry {
+    fired: bool,
+    accs: Vec<Acc>,
+}
+
 #[derive(Default)]
 struct Pane {
-    fired: bool,
-    keys: FastMap<Box<[u8]>, Vec<Acc>>,
+    keys: FastMap<Box<[u8]>, Entry>,
 }
 
 pub struct WindowAggregate {
@@ -68,6 +77,8 @@ pub struct WindowAggregate {
     max_parallelism: u32,
     groups: RangeInclusive<u32>,
     windows: BTreeMap<WindowKey, Pane>,
+    /// Session windows: each key's sessions as (start, end).
+    sessions: FastMap<Box<[u8]>, std::collections::BTreeSet<(i64, i64)>>,
     watermark: i64,
     /// Records dropped as late since the last call of `take_late`.
     late: u64,
@@ -98,6 +109,7 @@ impl WindowAggregate {
             max_parallelism,
             groups: groups_of_subtask(subtask, parallelism, max_parallelism),
             windows: BTreeMap::new(),
+            sessions: FastMap::default(),
             watermark: i64::MIN,
             late: 0,
         })
@@ -116,13 +128,12 @@ impl WindowAggregate {
         (end - 1).saturating_add(self.plan.allowed_lateness_ms) <= self.watermark
     }
 
-    /// Adds a batch to its windows; returns the updated results of fired
-    /// windows that late records (within the allowed lateness) changed.
+    /// Adds a batch to its windows; returns the results that records
+    /// arriving after their window's end (within the allowed lateness) changed.
     pub fn process(&mut self, batch: RecordBatch) -> Result<Option<RecordBatch>> {
         let key_columns = canonical_keys(&self.plan.key_indices.iter().map(|&i| batch.column(i).clone()).collect::<Vec<_>>());
         let rows = self.converter.convert_columns(&key_columns).map_err(Error::arrow(format!("{}: keys", self.step)))?;
         let times = batch.column(self.plan.time_index).as_primitive::<Int64Type>();
-        let (size, slide) = (self.plan.size_ms, self.plan.slide_ms);
         let mut refire: Vec<(WindowKey, Box<[u8]>)> = Vec::new();
         for r in 0..batch.num_rows() {
             if times.is_null(r) {
@@ -134,36 +145,41 @@ impl WindowAggregate {
                 });
             }
             let t = times.value(r);
-            let mut start = t - t.rem_euclid(slide);
-            let mut taken = false;
-            while start > t - size {
-                let end = start + size;
-                if !self.is_dropped(end) {
-                    taken = true;
-                    let key: Box<[u8]> = rows.row(r).as_ref().into();
-                    let pane = self.windows.entry((end, start)).or_default();
-                    let fired = pane.fired;
-                    let accs = pane.keys.entry(key.clone()).or_insert_with(|| vec![Acc::Empty; self.plan.aggregates.len()]);
-                    for (k, agg) in self.plan.aggregates.iter().enumerate() {
-                        let value = match agg.input {
-                            None => Acc::Empty,
-                            Some(i) => value_at(batch.column(i), r),
-                        };
-                        accs[k] = update(agg.function, accs[k], value).ok_or_else(|| Error::Record {
-                            step: self.step.clone(),
-                            message: format!("the int64 {} of a window overflows", if agg.function == WindowFn::Count { "count" } else { "sum" }),
-                            record: record_json(&batch, r),
-                            position: None,
-                        })?;
-                    }
-                    if fired {
-                        refire.push(((end, start), key));
-                    }
+            let key: Box<[u8]> = rows.row(r).as_ref().into();
+            let values: Vec<Acc> = self.plan.aggregates.iter().map(|a| a.input.map_or(Acc::Empty, |i| value_at(batch.column(i), r))).collect();
+            let windows = match self.plan.session_gap_ms {
+                Some(gap) => {
+                    let step = self.step.clone();
+                    let overflow = || Error::Record {
+                        step: step.clone(),
+                        message: "merging sessions overflows an int64 count or sum".into(),
+                        record: record_json(&batch, r),
+                        position: None,
+                    };
+                    self.merge_session(&key, t, gap, overflow)?.into_iter().collect()
                 }
-                start -= slide;
-            }
-            if !taken {
+                None => self.fixed_windows(t),
+            };
+            if windows.is_empty() {
                 self.late += 1;
+                continue;
+            }
+            for w in windows {
+                let entry = self.windows.entry(w).or_default().keys.entry(key.clone()).or_insert_with(|| Entry { fired: false, accs: vec![Acc::Empty; values.len()] });
+                for (k, agg) in self.plan.aggregates.iter().enumerate() {
+                    entry.accs[k] = update(agg.function, entry.accs[k], values[k]).ok_or_else(|| Error::Record {
+                        step: self.step.clone(),
+                        message: format!("the int64 {} of a window overflows", if agg.function == WindowFn::Count { "count" } else { "sum" }),
+                        record: record_json(&batch, r),
+                        position: None,
+                    })?;
+                }
+                // The watermark has passed the window's end: as in Flink's
+                // event-time trigger, it fires again at once with the record.
+                if w.0 - 1 <= self.watermark {
+                    entry.fired = true;
+                    refire.push((w, key.clone()));
+                }
             }
         }
         if refire.is_empty() {
@@ -173,11 +189,69 @@ impl WindowAggregate {
         refire.dedup();
         let mut out = Vec::with_capacity(refire.len());
         for (w, key) in refire {
-            if let Some(accs) = self.windows.get(&w).and_then(|p| p.keys.get(&key)) {
-                out.push((w, key, accs.clone()));
+            if let Some(e) = self.windows.get(&w).and_then(|p| p.keys.get(&key)) {
+                out.push((w, key, e.accs.clone()));
             }
         }
         self.results(out).map(Some)
+    }
+
+    /// The fixed windows of time `t` that are not past their lateness.
+    fn fixed_windows(&self, t: i64) -> Vec<WindowKey> {
+        let (size, slide) = (self.plan.size_ms, self.plan.slide_ms);
+        let mut out = Vec::new();
+        let mut start = t - t.rem_euclid(slide);
+        while start > t - size {
+            let end = start + size;
+            if !self.is_dropped(end) {
+                out.push((end, start));
+            }
+            start -= slide;
+        }
+        out
+    }
+
+    /// Puts time `t` into `key`'s session: `[t, t + gap)` merged with every
+    /// session of the key it overlaps or touches, their accumulators
+    /// combined into the merged one. `None`: a session of its own that is
+    /// already past its lateness (the record is late).
+    fn merge_session(&mut self, key: &[u8], t: i64, gap: i64, overflow: impl Fn() -> Error) -> Result<Option<WindowKey>> {
+        let (mut start, mut end) = (t, t.saturating_add(gap));
+        let sessions = self.sessions.get(key);
+        let overlapping: Vec<(i64, i64)> = sessions.map(|s| s.iter().filter(|(s, e)| *s <= end && *e >= start).copied().collect()).unwrap_or_default();
+        if overlapping.is_empty() && self.is_dropped(end) {
+            return Ok(None);
+        }
+        for (s, e) in &overlapping {
+            start = start.min(*s);
+            end = end.max(*e);
+        }
+        let mut merged: Option<Entry> = None;
+        for (s, e) in &overlapping {
+            let Some(pane) = self.windows.get_mut(&(*e, *s)) else { continue };
+            let Some(entry) = pane.keys.remove(key) else { continue };
+            if pane.keys.is_empty() {
+                self.windows.remove(&(*e, *s));
+            }
+            // A merged session is a new window: whatever its parts showed,
+            // it fires (again) once the watermark passes its end.
+            merged = Some(match merged {
+                None => Entry { fired: false, accs: entry.accs },
+                Some(m) => Entry {
+                    fired: false,
+                    accs: m.accs.iter().zip(&entry.accs).zip(&self.plan.aggregates).map(|((a, b), agg)| merge(agg.function, *a, *b).ok_or_else(&overflow)).collect::<Result<_>>()?,
+                },
+            });
+        }
+        let set = self.sessions.entry(key.into()).or_default();
+        for o in &overlapping {
+            set.remove(o);
+        }
+        set.insert((start, end));
+        if let Some(m) = merged {
+            self.windows.entry((end, start)).or_default().keys.insert(key.into(), m);
+        }
+        Ok(Some((end, start)))
     }
 
     /// The watermark advanced: fires the windows it completes and drops the
@@ -189,16 +263,30 @@ impl WindowAggregate {
         self.watermark = watermark;
         let mut out = Vec::new();
         for (&(end, start), pane) in self.windows.range_mut(..=(watermark.saturating_add(1), i64::MAX)) {
-            if pane.fired || end - 1 > watermark {
+            if end - 1 > watermark {
                 continue;
             }
-            pane.fired = true;
-            for (key, accs) in &pane.keys {
-                out.push(((end, start), key.clone(), accs.clone()));
+            for (key, entry) in pane.keys.iter_mut().filter(|(_, e)| !e.fired) {
+                entry.fired = true;
+                out.push(((end, start), key.clone(), entry.accs.clone()));
             }
         }
         let lateness = self.plan.allowed_lateness_ms;
-        self.windows.retain(|&(end, _), _| (end - 1).saturating_add(lateness) > watermark);
+        let gone: Vec<WindowKey> = self.windows.range(..=(watermark.saturating_sub(lateness).saturating_add(1), i64::MAX)).map(|(w, _)| *w).filter(|(end, _)| (end - 1).saturating_add(lateness) <= watermark).collect();
+        for w in gone {
+            if let Some(pane) = self.windows.remove(&w) {
+                if self.plan.session_gap_ms.is_some() {
+                    for key in pane.keys.keys() {
+                        if let Some(set) = self.sessions.get_mut(key) {
+                            set.remove(&(w.1, w.0));
+                            if set.is_empty() {
+                                self.sessions.remove(key);
+                            }
+                        }
+                    }
+                }
+            }
+        }
         if out.is_empty() {
             return Ok(None);
         }
@@ -242,7 +330,7 @@ impl WindowAggregate {
     pub fn snapshot(&self) -> Result<RecordBatch> {
         let ctx = || format!("{}: snapshot", self.id);
         let entries: Vec<(&WindowKey, bool, &Box<[u8]>, &Vec<Acc>)> =
-            self.windows.iter().flat_map(|(w, p)| p.keys.iter().map(move |(k, a)| (w, p.fired, k, a))).collect();
+            self.windows.iter().flat_map(|(w, p)| p.keys.iter().map(move |(k, e)| (w, e.fired, k, &e.accs))).collect();
         let parser = self.converter.parser();
         let key_columns = self.converter.convert_rows(entries.iter().map(|(_, _, k, _)| parser.parse(k))).map_err(Error::arrow(ctx()))?;
         let groups = key_groups(&key_columns, entries.len(), self.max_parallelism)?;
@@ -324,9 +412,12 @@ impl WindowAggregate {
                     col += 1;
                 }
             }
-            let pane = self.windows.entry((ends.value(r), starts.value(r))).or_default();
-            pane.fired |= fired.value(r);
-            pane.keys.insert(rows.row(r).as_ref().into(), accs);
+            let (start, end) = (starts.value(r), ends.value(r));
+            let key: Box<[u8]> = rows.row(r).as_ref().into();
+            if self.plan.session_gap_ms.is_some() {
+                self.sessions.entry(key.clone()).or_default().insert((start, end));
+            }
+            self.windows.entry((end, start)).or_default().keys.insert(key, Entry { fired: fired.value(r), accs });
         }
         Ok(())
     }
@@ -358,6 +449,18 @@ fn update(function: WindowFn, acc: Acc, value: Acc) -> Option<Acc> {
         (WindowFn::Max, Acc::I(a), Acc::I(v)) => Acc::I(a.max(v)),
         (WindowFn::Max, Acc::F(a), Acc::F(v)) => Acc::F(a.max(v)),
         (_, a, _) => a,
+    })
+}
+
+/// Two accumulators of one key combined (sessions merging); `None` on an
+/// int64 overflow.
+fn merge(function: WindowFn, a: Acc, b: Acc) -> Option<Acc> {
+    Some(match (function, a, b) {
+        (_, x, Acc::Empty) | (_, Acc::Empty, x) => x,
+        (WindowFn::Count, Acc::I(x), Acc::I(y)) | (WindowFn::Sum, Acc::I(x), Acc::I(y)) => Acc::I(x.checked_add(y)?),
+        (WindowFn::Sum, Acc::F(x), Acc::F(y)) => Acc::F(x + y),
+        (WindowFn::Avg, Acc::Avg(s1, c1), Acc::Avg(s2, c2)) => Acc::Avg(s1 + s2, c1 + c2),
+        (_, x, y) => update(function, x, y)?,
     })
 }
 

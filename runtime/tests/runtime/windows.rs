@@ -144,3 +144,62 @@ fn windows_checkpointed_at_parallelism_4_continue_at_2_and_then_at_6_exactly_onc
     assert_eq!(summary["records_late"], 0, "{summary}");
     assert_every_window_once(&job);
 }
+
+/// Sessions per key (gap 100 ms) over the generator with every third second
+/// filtered out, so each key has a session per two seconds of events.
+fn sessions_job(parallelism: u32, events: u64, keys: u64, rate: u64) -> Job {
+    let yaml = format!(
+        "name: eo-test\nparallelism: {parallelism}\nmax_parallelism: 8\ncheckpoint:\n  interval: 200ms\nevent_time:\n  field: value\n  max_out_of_orderness: 200ms\n\
+source:\n  generator:\n    events: {events}\n    keys: {keys}\n    rate: {rate}\n    batch_size: 16\n\
+steps:\n  - filter: (value / 1000) % 3 <> 2\n  - key_by: key\n  - window:\n      session: {{gap: 100ms}}\n      aggregates:\n        - count: n\n        - sum: {{field: seq, as: total}}\n        - max: {{field: seq, as: last}}\n\
+sink:\n  file:\n    path: out/eo\n    format: jsonl\n"
+    );
+    Job::with_pipeline(&yaml, events, keys)
+}
+
+/// (key, start) → (end, count, sum, max) of every session, from the events alone.
+fn expected_sessions(events: u64, keys: u64) -> BTreeMap<(i64, i64), (i64, i64, i64, i64)> {
+    let mut out = BTreeMap::new();
+    for k in 0..keys as i64 {
+        let times: Vec<i64> = (0..events as i64).filter(|i| i % keys as i64 == k && (i / 1000) % 3 != 2).collect();
+        let mut i = 0;
+        while i < times.len() {
+            let start = times[i];
+            let (mut n, mut sum) = (0, 0);
+            let mut j = i;
+            while j < times.len() && (j == i || times[j] - times[j - 1] <= 100) {
+                n += 1;
+                sum += times[j];
+                j += 1;
+            }
+            out.insert((k, start), (times[j - 1] + 100, n, sum, times[j - 1]));
+            i = j;
+        }
+    }
+    out
+}
+
+#[test]
+fn session_windows_survive_worker_kills_exactly_once() {
+    let job = sessions_job(3, 60_000, 30, 15_000);
+    let mut child = job.spawn(&[]);
+    let kills = kill_workers_while_running(&job, &mut child, 4);
+    let out = wait_with_timeout(child, Duration::from_secs(180));
+    assert!(out.status.success(), "weir run failed:\n{}", stderr(&out));
+    assert!(kills >= 2, "only {kills} kills happened before the job ended");
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    assert_eq!(summary["records_late"], 0, "{summary}");
+    let mut committed: BTreeMap<(i64, i64), Vec<(i64, i64, i64, i64)>> = BTreeMap::new();
+    for l in job.committed_lines() {
+        let v = |f: &str| l[f].as_i64().unwrap();
+        committed.entry((v("key"), v("window_start"))).or_default().push((v("window_end"), v("n"), v("total"), v("last")));
+    }
+    let expected = expected_sessions(job.events, job.keys);
+    assert!(expected.len() >= 30 * 10, "the input makes too few sessions: {}", expected.len());
+    let twice: Vec<_> = committed.iter().filter(|(_, v)| v.len() > 1).take(5).collect();
+    assert!(twice.is_empty(), "sessions committed more than once: {twice:?}");
+    for (k, want) in &expected {
+        assert_eq!(committed.get(k).map(|v| v[0]), Some(*want), "session {k:?}");
+    }
+    assert_eq!(committed.len(), expected.len());
+}

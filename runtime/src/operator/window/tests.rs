@@ -27,6 +27,7 @@ fn plan(size: i64, slide: i64, lateness: i64) -> WindowPlan {
         time_index: 1,
         size_ms: size,
         slide_ms: slide,
+        session_gap_ms: None,
         allowed_lateness_ms: lateness,
         aggregates: vec![agg(WindowFn::Count, None), agg(WindowFn::Sum, Some(2)), agg(WindowFn::Avg, Some(2))],
     }
@@ -132,4 +133,51 @@ fn a_null_event_time_fails_naming_the_record() {
     .unwrap();
     let err = w.process(b).unwrap_err();
     assert!(err.is_fatal() && err.to_string().contains("event-time field is null"), "{err}");
+}
+
+fn sessions(gap: i64, lateness: i64) -> WindowPlan {
+    WindowPlan { size_ms: 0, slide_ms: 0, session_gap_ms: Some(gap), ..plan(1, 1, lateness) }
+}
+
+#[test]
+fn records_closer_than_the_gap_are_one_session_and_a_bridging_record_merges_two() {
+    let mut w = window(&sessions(10, 0), 0, 1);
+    w.process(batch(&[(1, 0, 1), (1, 5, 2), (1, 30, 4), (2, 3, 8)])).unwrap();
+    // [20,30) touches [30,40); then [14,24) bridges [0,15) and [20,40).
+    w.process(batch(&[(1, 20, 16), (1, 14, 32)])).unwrap();
+    assert_eq!(results(w.on_watermark(38).unwrap()), vec![(2, 3, 13, 1, 8)]);
+    assert_eq!(results(w.on_watermark(39).unwrap()), vec![(1, 0, 40, 5, 55)]);
+    assert!(results(w.on_watermark(i64::MAX).unwrap()).is_empty());
+}
+
+#[test]
+fn a_late_record_opening_a_session_of_its_own_is_dropped_but_one_extending_a_live_session_is_not() {
+    let mut w = window(&sessions(10, 5), 0, 1);
+    w.process(batch(&[(1, 100, 1)])).unwrap();
+    assert_eq!(results(w.on_watermark(112).unwrap()), vec![(1, 100, 110, 1, 1)]);
+    // Within the lateness: merged into the fired session, which now ends
+    // later and fires again when the watermark gets there.
+    assert!(w.process(batch(&[(1, 105, 2)])).unwrap().is_none());
+    assert_eq!(results(w.on_watermark(114).unwrap()), vec![(1, 100, 115, 2, 3)]);
+    w.process(batch(&[(1, 50, 7)])).unwrap();
+    assert_eq!(w.take_late(), 1, "a session [50,60) is long past");
+}
+
+#[test]
+fn sessions_restore_at_another_parallelism_and_keep_merging() {
+    let p = sessions(10, 0);
+    let mut before = window(&p, 0, 1);
+    before.process(batch(&(0..20).map(|k| (k, 0, 1)).collect::<Vec<_>>())).unwrap();
+    let snapshot = before.snapshot().unwrap();
+    let mut all = Vec::new();
+    for s in 0..2 {
+        let mut after = window(&p, s, 2);
+        after.restore(&snapshot, "chk-1").unwrap();
+        after.process(batch(&(0..20).map(|k| (k, 8, 2)).collect::<Vec<_>>())).unwrap();
+        all.extend(results(after.on_watermark(i64::MAX).unwrap()));
+    }
+    all.sort();
+    // Each subtask merges only its own keys (the others' state it does not hold).
+    let mine: Vec<_> = all.iter().filter(|r| r.3 == 2).cloned().collect();
+    assert_eq!(mine, (0..20).map(|k| (k, 0, 18, 2, 3)).collect::<Vec<_>>());
 }
