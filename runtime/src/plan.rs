@@ -426,6 +426,25 @@ mod tests {
     }
 
     #[test]
+    fn an_event_time_field_that_is_missing_or_not_int64_is_refused_naming_it() {
+        let text = |field: &str| format!("name: t\nevent_time: {{field: {field}}}\nsource:\n  file:\n    path: x\n    schema: {{k: int64, s: string}}\nsink:\n  blackhole: {{}}\n");
+        let err = plan_text(&text("s")).unwrap_err().to_string();
+        assert!(err.contains("event_time.field") && err.contains("expected int64"), "{err}");
+        let err = plan_text(&text("nope")).unwrap_err().to_string();
+        assert!(err.contains("event_time.field") && err.contains("no field `nope`"), "{err}");
+    }
+
+    #[test]
+    fn a_window_outputs_keys_bounds_and_aggregates_and_refuses_a_dropped_time_field() {
+        let p = plan_text("name: t\nevent_time: {field: value}\nsource:\n  generator: {}\nsteps:\n  - key_by: key\n  - window: {tumbling: 1s, aggregates: [{count: n}, {avg: {field: seq, as: m}}]}\nsink:\n  blackhole: {}\n").unwrap();
+        let names: Vec<_> = p.stages[1].output_schema.fields().iter().map(|f| f.name().clone()).collect();
+        assert_eq!(names, ["key", "window_start", "window_end", "n", "m"]);
+        assert_eq!(p.stages[1].output_schema.field(4).data_type(), &DataType::Float64);
+        let err = plan_text("name: t\nevent_time: {field: value}\nsource:\n  generator: {}\nsteps:\n  - select: [seq, key]\n  - key_by: key\n  - window: {tumbling: 1s, aggregates: [{count: n}]}\nsink:\n  blackhole: {}\n").unwrap_err().to_string();
+        assert!(err.contains("steps[2].window") && err.contains("event-time field `value` was dropped"), "{err}");
+    }
+
+    #[test]
     fn recomputing_a_key_after_key_by_is_rejected() {
         let err = plan_text("name: t\nsource:\n  generator: {}\nsteps:\n  - key_by: key\n  - select: [\"key + 1 AS key\", value]\n  - running_count: n\nsink:\n  blackhole: {}\n").unwrap_err().to_string();
         assert!(err.contains("cannot be recomputed"), "{err}");

@@ -21,6 +21,34 @@ fn the_checked_in_example_parses_with_every_field_as_written() {
 }
 
 #[test]
+fn the_windows_example_parses_with_its_window_and_event_time() {
+    let spec = parse(include_str!("../../../examples/windows.yaml")).unwrap();
+    let et = spec.event_time.as_ref().unwrap();
+    assert_eq!((et.field.as_str(), et.max_out_of_orderness.get().as_millis()), ("value", 200));
+    let StepKind::Window(w) = &spec.steps[1].kind else { panic!("not a window") };
+    assert_eq!(w.kind(), Some(WindowKind::Fixed { size: 1000, slide: 1000 }));
+    assert_eq!(w.aggregates.len(), 3);
+}
+
+#[test]
+fn a_window_needs_exactly_one_kind_and_sane_sizes_each_error_naming_the_field() {
+    let window = |w: &str| parse(&format!("name: t\nevent_time: {{field: value}}\nsource:\n  generator: {{}}\nsteps:\n  - key_by: key\n  - window: {w}\nsink:\n  blackhole: {{}}\n"));
+    for (w, expected) in [
+        ("{aggregates: [{count: n}]}", "steps[1].window: expected one of `tumbling: SIZE`"),
+        ("{tumbling: 1s, session: {gap: 1s}, aggregates: [{count: n}]}", "expected one of `tumbling: SIZE`"),
+        ("{sliding: {size: 1s, slide: 2s}, aggregates: [{count: n}]}", "steps[1].window.sliding.slide"),
+        ("{session: {gap: 0s}, aggregates: [{count: n}]}", "steps[1].window.session.gap"),
+        ("{tumbling: 1s, aggregates: []}", "steps[1].window.aggregates: expected at least one"),
+        ("{tumbling: 1s, aggregates: [{count: n, sum: {field: v}}]}", "steps[1].window.aggregates[0]: expected exactly one"),
+    ] {
+        let err = window(w).unwrap_err().to_string();
+        assert!(err.contains(expected), "{w}: {err}");
+    }
+    let err = parse("name: t\nsource:\n  generator: {}\nsteps:\n  - window: {tumbling: 1s, aggregates: [{count: n}]}\nsink:\n  blackhole: {}\n").unwrap_err().to_string();
+    assert!(err.contains("expected a `key_by` step before it"), "{err}");
+}
+
+#[test]
 fn defaults_fill_what_is_not_written() {
     let spec = parse(MINIMAL).unwrap();
     assert_eq!(spec.parallelism, 1);
