@@ -149,11 +149,14 @@ pub(crate) async fn read_log_entry(log: &Location, file: &StateFile, checkpoint:
 
 /// Deletes the log files of runs other than `run_id` that no retained
 /// snapshot references (`keep`): their records will be produced again, and
-/// no restore will write them.
-pub(crate) async fn discard_unreferenced_log_files(log: &Location, run_id: &str, keep: &HashSet<String>, sink: &str) -> Result<()> {
-    let current = format!("{run_id}-");
+/// no restore will write them. Without `run_id` (the job has finished, so
+/// its last run has nothing pending either) every unreferenced file goes,
+/// the entries of the last run's abandoned checkpoints among them.
+pub(crate) async fn discard_unreferenced_log_files(log: &Location, run_id: Option<&str>, keep: &HashSet<String>, sink: &str) -> Result<()> {
+    let current = run_id.map(|r| format!("{r}-"));
     for name in log.list_objects("").await? {
-        if name.ends_with(".arrow") && !name.starts_with(&current) && !keep.contains(&name) {
+        let of_this_run = current.as_ref().is_some_and(|c| name.starts_with(c));
+        if name.ends_with(".arrow") && !of_this_run && !keep.contains(&name) {
             tracing::info!(file = %name, sink, "discarding the log entry of a checkpoint that never completed");
             log.delete(&name).await?;
         }

@@ -147,7 +147,7 @@ impl Transactional {
             }
         }
         if let Some(keep) = restore.keep {
-            discard_unreferenced(&sink.log, run_id, keep).await?;
+            discard_unreferenced(&sink.log, Some(run_id), keep).await?;
         }
         Ok(sink)
     }
@@ -355,11 +355,11 @@ async fn ensure_progress_topic(spec: &KafkaSinkSpec) -> Result<()> {
     Ok(())
 }
 
-async fn discard_unreferenced(log: &Location, run_id: &str, keep: &HashSet<String>) -> Result<()> {
+async fn discard_unreferenced(log: &Location, run_id: Option<&str>, keep: &HashSet<String>) -> Result<()> {
     crate::sink::discard_unreferenced_log_files(log, run_id, keep, "kafka").await
 }
 
 /// Once a job has finished: [`discard_unreferenced`].
-pub async fn discard_after_finish(log: &Location, run_id: &str, keep: &HashSet<String>) -> Result<()> {
-    discard_unreferenced(log, run_id, keep).await
+pub async fn discard_after_finish(log: &Location, _run_id: &str, keep: &HashSet<String>) -> Result<()> {
+    discard_unreferenced(log, None, keep).await
 }

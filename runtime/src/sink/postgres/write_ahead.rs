@@ -150,7 +150,7 @@ impl WriteAheadLog {
             sink.write_entry(entry, None).await?;
         }
         if let Some(keep) = restore.keep {
-            discard_unreferenced(&sink.client, &sink.log, &progress, job, run_id, keep).await?;
+            discard_unreferenced(&sink.client, &sink.log, &progress, job, run_id, keep, false).await?;
         }
         Ok(sink)
     }
@@ -238,8 +238,10 @@ fn checkpoint_param(entry: &LogEntry) -> Result<i64> {
 /// retained snapshot references (`keep`), and the progress rows of writers
 /// none of whose entries a retained snapshot references: no restore will
 /// write those entries again.
-async fn discard_unreferenced(client: &Client, log: &Location, progress: &str, job: &str, run_id: &str, keep: &HashSet<String>) -> Result<()> {
-    crate::sink::discard_unreferenced_log_files(log, run_id, keep, "postgres").await?;
+/// `finished`: the job has ended, and the last run's own unreferenced log
+/// files (of abandoned checkpoints) go too.
+async fn discard_unreferenced(client: &Client, log: &Location, progress: &str, job: &str, run_id: &str, keep: &HashSet<String>, finished: bool) -> Result<()> {
+    crate::sink::discard_unreferenced_log_files(log, (!finished).then_some(run_id), keep, "postgres").await?;
     let writers: HashSet<&str> = keep.iter().filter(|k| k.starts_with("weir:")).map(|k| writer_of(k)).collect();
     let writers: Vec<&str> = writers.into_iter().collect();
     client
@@ -255,7 +257,7 @@ async fn discard_unreferenced(client: &Client, log: &Location, progress: &str, j
 /// Once a job has finished: [`discard_unreferenced`] on a connection of its own.
 pub async fn discard_after_finish(spec: &PostgresSinkSpec, log: &Location, job: &str, run_id: &str, keep: &HashSet<String>) -> Result<()> {
     let client = connect(spec, "clean-up").await?;
-    discard_unreferenced(&client, log, &progress_table(spec), job, run_id, keep).await
+    discard_unreferenced(&client, log, &progress_table(spec), job, run_id, keep, true).await
 }
 
 /// The progress table's name in SQL: in the sink table's schema.
