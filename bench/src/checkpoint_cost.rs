@@ -115,7 +115,7 @@ fn checkpoint_sizes(dir: &Path) -> Vec<u64> {
         .collect()
 }
 
-fn percentile(v: &mut [f64], p: f64) -> f64 {
+pub fn percentile(v: &mut [f64], p: f64) -> f64 {
     if v.is_empty() {
         return 0.0;
     }

@@ -12,7 +12,12 @@
 //! The exactly-once Kafka sink adds `after-marker` (the progress marker is
 //! flushed in the open transaction, the log entry not written) and
 //! `before-sink-commit` (the checkpoint completed, its transaction is not
-//! committed).
+//! committed). Unaligned checkpoints add `mid-recording` (a subtask has
+//! snapshotted and is draining the records in flight towards it).
+//!
+//! `WEIR_SLOW_SINK=<duration>` makes every subtask of the sink's stage wait
+//! that long before each batch it takes in: backpressure on demand, for
+//! tests and benchmarks of checkpoints under backpressure.
 
 use std::sync::OnceLock;
 
@@ -38,4 +43,14 @@ pub fn crash_point(point: &str, checkpoint_id: u64) {
     }
     eprintln!("fault injection: crashing at {point} of checkpoint {checkpoint_id}");
     std::process::abort();
+}
+
+/// How long a subtask of the sink's stage waits before each batch (`WEIR_SLOW_SINK`); none when unset.
+pub fn slow_sink() -> Option<std::time::Duration> {
+    static SLOW: OnceLock<Option<std::time::Duration>> = OnceLock::new();
+    *SLOW.get_or_init(|| {
+        let text = std::env::var("WEIR_SLOW_SINK").ok()?;
+        let d = weir_api::pipeline::HumanDuration::parse(&text).ok()?;
+        Some(d.get())
+    })
 }

@@ -130,7 +130,22 @@ impl std::fmt::Debug for JobPlan {
     }
 }
 
+/// The state id under which an unaligned checkpoint keeps the records that
+/// were in flight towards stage `stage` (every stage but the first has inputs).
+pub fn channel_state_id(stage: usize) -> String {
+    format!("in-flight-{stage}")
+}
+
 impl JobPlan {
+    /// The columns stage `stage`'s input is partitioned by (the key of the
+    /// exchange before it); `None` for the first stage.
+    pub fn input_key_indices(&self, stage: usize) -> Option<&[usize]> {
+        match &self.stages.get(stage.checked_sub(1)?)?.output {
+            StageOutput::Exchange { key_indices } => Some(key_indices),
+            StageOutput::Sink => None,
+        }
+    }
+
     pub fn stage_count(&self) -> usize {
         self.stages.len()
     }
@@ -138,6 +153,7 @@ impl JobPlan {
     /// Every operator id that keeps state, with the stage it runs in.
     pub fn stateful_operator_ids(&self) -> Vec<String> {
         let mut ids = vec![SOURCE_ID.to_string(), SINK_ID.to_string()];
+        ids.extend((1..self.stages.len()).map(channel_state_id));
         for s in &self.stages {
             for o in &s.operators {
                 if matches!(o.kind, OperatorKind::Running(_) | OperatorKind::Window(_)) {

@@ -20,11 +20,18 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 pub use duration::HumanDuration;
-pub use kafka::{BadMessages, Isolation, KafkaSinkSpec, KafkaSourceSpec, StartPosition, StopPosition};
+pub use kafka::{
+    BadMessages, Isolation, KafkaSinkSpec, KafkaSourceSpec, StartPosition, StopPosition,
+};
 pub use postgres_sink::{PostgresMode, PostgresSinkSpec};
 pub use sink::{FileFormat, FileSinkSpec, Guarantee, SinkSpec};
-pub use source::{BadLines, FieldType, FileSourceSpec, GeneratorSpec, SocketSourceSpec, SourceSpec};
-pub use step::{step_ids, AggregateSpec, SessionWindow, SlidingWindow, Step, StepKind, WindowAggregate, WindowKind, WindowSpec};
+pub use source::{
+    BadLines, FieldType, FileSourceSpec, GeneratorSpec, SocketSourceSpec, SourceSpec,
+};
+pub use step::{
+    step_ids, AggregateSpec, SessionWindow, SlidingWindow, Step, StepKind, WindowAggregate,
+    WindowKind, WindowSpec,
+};
 
 /// Keyed state is split into this many key groups unless the pipeline says
 /// otherwise. It bounds the parallelism a job can ever be rescaled to, and it
@@ -110,6 +117,11 @@ pub struct CheckpointSpec {
     pub interval: HumanDuration,
     #[serde(default)]
     pub mode: CheckpointMode,
+    /// With `mode: aligned`: a subtask still aligning a checkpoint this
+    /// long after it started switches to an unaligned snapshot of it
+    /// (Flink's aligned-checkpoint timeout). Unset: always aligned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alignment_timeout: Option<HumanDuration>,
     /// A checkpoint not complete after this long is abandoned; the job goes on.
     #[serde(default = "default_checkpoint_timeout")]
     pub timeout: HumanDuration,
@@ -118,11 +130,25 @@ pub struct CheckpointSpec {
     pub retain: u32,
 }
 
+impl CheckpointSpec {
+    /// How long a subtask aligns a periodic checkpoint before it takes it
+    /// unaligned: zero for `mode: unaligned`, `None` when it never does.
+    /// Savepoints and the final checkpoint are always aligned, so they hold
+    /// no in-flight records and stay portable.
+    pub fn unaligned_after(&self) -> Option<std::time::Duration> {
+        match self.mode {
+            CheckpointMode::Unaligned => Some(std::time::Duration::ZERO),
+            CheckpointMode::Aligned => self.alignment_timeout.map(|t| t.get()),
+        }
+    }
+}
+
 impl Default for CheckpointSpec {
     fn default() -> Self {
         CheckpointSpec {
             interval: default_interval(),
             mode: CheckpointMode::default(),
+            alignment_timeout: None,
             timeout: default_checkpoint_timeout(),
             retain: default_retain(),
         }
@@ -142,12 +168,19 @@ fn default_retain() -> u32 {
 }
 
 /// Barrier handling on subtasks with several inputs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum CheckpointMode {
     /// Inputs that delivered barrier n are blocked until every input has.
     #[default]
     Aligned,
+    /// Every subtask snapshots as soon as it hears of checkpoint n, and the
+    /// records still in flight towards it (before barrier n on each input)
+    /// are written into the checkpoint and replayed on restore: under
+    /// backpressure a checkpoint waits for no queue to drain.
+    Unaligned,
 }
 
 /// What went wrong with a pipeline file.
@@ -273,13 +306,41 @@ impl PipelineSpec {
         if self.checkpoint.timeout.is_zero() {
             return Err(src.invalid("checkpoint.timeout", "expected a duration above 0"));
         }
+        if self.checkpoint.alignment_timeout.is_some()
+            && self.checkpoint.mode == CheckpointMode::Unaligned
+        {
+            return Err(src.invalid(
+                "checkpoint.alignment_timeout",
+                "applies to `mode: aligned` only (aligned checkpoints that switch to unaligned after it); `mode: unaligned` never aligns",
+            ));
+        }
+        if self.checkpoint.unaligned_after().is_some() && self.guarantee() != Guarantee::ExactlyOnce
+        {
+            let field = if self.checkpoint.mode == CheckpointMode::Unaligned {
+                "checkpoint.mode"
+            } else {
+                "checkpoint.alignment_timeout"
+            };
+            return Err(src.invalid(
+                field,
+                format!(
+                    "unaligned checkpoints are a way to keep exactly-once cheap under backpressure, but this job is {} ({}); remove the setting",
+                    self.guarantee(),
+                    self.guarantee_and_reason().1
+                ),
+            ));
+        }
         self.source.validate(src)?;
         self.sink.validate(src)?;
         if let SinkSpec::Kafka(k) = &self.sink {
             k.validate(src, self.checkpoint.interval, self.checkpoint.timeout)?;
         }
         step::validate_steps(&self.steps, src)?;
-        if let Some(i) = self.steps.iter().position(|s| matches!(s.kind, StepKind::Window(_))) {
+        if let Some(i) = self
+            .steps
+            .iter()
+            .position(|s| matches!(s.kind, StepKind::Window(_)))
+        {
             if self.event_time.is_none() {
                 return Err(src.invalid(
                     &format!("steps[{i}].window"),
@@ -299,13 +360,20 @@ impl PipelineSpec {
     /// [`PipelineSpec::guarantee`] and what sets it, in words for the
     /// job's status: the part that weakens it, or that all parts allow it.
     pub fn guarantee_and_reason(&self) -> (Guarantee, String) {
-        let source = if self.source.replayable() { Guarantee::ExactlyOnce } else { Guarantee::AtMostOnce };
+        let source = if self.source.replayable() {
+            Guarantee::ExactlyOnce
+        } else {
+            Guarantee::AtMostOnce
+        };
         let sink = self.sink.guarantee();
         let effective = self.guarantee.min(source).min(sink);
         let reason = if effective == Guarantee::ExactlyOnce {
             "the job asks for exactly-once, its source replays from checkpoints and its sink commits with them".to_string()
         } else if source == effective {
-            format!("the {} source cannot replay what it read before a failure", self.source.kind())
+            format!(
+                "the {} source cannot replay what it read before a failure",
+                self.source.kind()
+            )
         } else if self.guarantee == effective {
             format!("the job's `guarantee` setting asks for {effective}")
         } else {

@@ -112,9 +112,39 @@ fn a_bad_duration_names_the_field() {
 }
 
 #[test]
-fn unaligned_mode_is_not_accepted_silently() {
-    let err = parse("name: t\ncheckpoint:\n  mode: unaligned\nsource:\n  generator: {}\nsink:\n  blackhole: {}\n").unwrap_err();
-    assert!(err.to_string().contains("unknown variant `unaligned`"), "{err}");
+fn unaligned_mode_and_the_alignment_timeout_parse_and_an_unknown_mode_names_the_known_ones() {
+    let spec = parse("name: t\ncheckpoint:\n  mode: unaligned\nsource:\n  generator: {}\nsink:\n  blackhole: {}\n").unwrap();
+    assert_eq!(
+        spec.checkpoint.unaligned_after(),
+        Some(std::time::Duration::ZERO)
+    );
+    let spec = parse("name: t\ncheckpoint:\n  alignment_timeout: 300ms\nsource:\n  generator: {}\nsink:\n  blackhole: {}\n").unwrap();
+    assert_eq!(
+        spec.checkpoint.unaligned_after(),
+        Some(std::time::Duration::from_millis(300))
+    );
+    let err = parse("name: t\ncheckpoint:\n  mode: sideways\nsource:\n  generator: {}\nsink:\n  blackhole: {}\n").unwrap_err();
+    assert!(
+        err.to_string().contains("aligned") && err.to_string().contains("unaligned"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unaligned_checkpoints_of_a_job_that_is_not_exactly_once_are_refused_naming_the_setting() {
+    let err = parse(
+        "name: t\ncheckpoint:\n  mode: unaligned\nsource:\n  generator: {}\nsink:\n  stdout: {}\n",
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("checkpoint.mode") && err.to_string().contains("at-least-once"),
+        "{err}"
+    );
+    let err = parse("name: t\ncheckpoint:\n  mode: unaligned\n  alignment_timeout: 1s\nsource:\n  generator: {}\nsink:\n  blackhole: {}\n").unwrap_err();
+    assert!(
+        err.to_string().contains("checkpoint.alignment_timeout"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -312,6 +312,10 @@ pub struct CheckpointSettings {
     pub interval: HumanDuration,
     #[serde(default)]
     pub mode: CheckpointMode,
+    /// With `mode: aligned`: a subtask still aligning a checkpoint this long after it started
+    /// takes it unaligned (its in-flight records go into the checkpoint). Unset: always aligned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alignment_timeout: Option<HumanDuration>,
     /// A checkpoint not complete after this long is abandoned; the job goes on.
     #[serde(default = "default_checkpoint_timeout")]
     pub timeout: HumanDuration,

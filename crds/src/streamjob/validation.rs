@@ -152,20 +152,19 @@ impl StreamJobSpec {
         effective.insert("parallelism".into(), self.parallelism.into());
         effective.insert("max_parallelism".into(), self.max_parallelism.into());
         let c = &self.checkpoint;
-        effective.insert(
-            "checkpoint".into(),
-            serde_json::json!({
-                "interval": c.interval.to_string(),
-                "mode": c.mode,
-                "timeout": c.timeout.to_string(),
-                "retain": c.retain,
-            }),
-        );
-        serde_yaml::to_string(&Value::Object(effective)).map_err(|e| {
-            PipelineError::Syntax {
-                file: PIPELINE_ERROR_NAME.into(),
-                message: e.to_string(),
-            }
+        let mut checkpoint = serde_json::json!({
+            "interval": c.interval.to_string(),
+            "mode": c.mode,
+            "timeout": c.timeout.to_string(),
+            "retain": c.retain,
+        });
+        if let Some(t) = &c.alignment_timeout {
+            checkpoint["alignment_timeout"] = t.to_string().into();
+        }
+        effective.insert("checkpoint".into(), checkpoint);
+        serde_yaml::to_string(&Value::Object(effective)).map_err(|e| PipelineError::Syntax {
+            file: PIPELINE_ERROR_NAME.into(),
+            message: e.to_string(),
         })
     }
 }

@@ -144,10 +144,29 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
         workers,
         if workers == 1 { "" } else { "es" },
         match (spec.checkpoint.mode, guarantee) {
-            (_, weir_api::Guarantee::AtMostOnce) => format!("no checkpoints (sinks publish every {})", spec.checkpoint.interval),
-            (weir_api::CheckpointMode::Aligned, weir_api::Guarantee::ExactlyOnce) => format!("aligned checkpoints every {}", spec.checkpoint.interval),
+            (_, weir_api::Guarantee::AtMostOnce) => format!(
+                "no checkpoints (sinks publish every {})",
+                spec.checkpoint.interval
+            ),
+            (weir_api::CheckpointMode::Unaligned, weir_api::Guarantee::ExactlyOnce) => {
+                format!(
+                    "unaligned checkpoints every {} (records in flight are checkpointed)",
+                    spec.checkpoint.interval
+                )
+            }
+            (weir_api::CheckpointMode::Aligned, weir_api::Guarantee::ExactlyOnce) =>
+                match spec.checkpoint.alignment_timeout {
+                    Some(t) => format!(
+                        "aligned checkpoints every {}, unaligned when aligning takes over {t}",
+                        spec.checkpoint.interval
+                    ),
+                    None => format!("aligned checkpoints every {}", spec.checkpoint.interval),
+                },
             // At-least-once does not align barriers (see worker/gate.rs).
-            _ => format!("non-aligned checkpoints every {}", spec.checkpoint.interval),
+            _ => format!(
+                "non-aligned checkpoints every {} (barriers are not aligned)",
+                spec.checkpoint.interval
+            ),
         },
         guarantee,
         match guarantee {

@@ -48,7 +48,7 @@ pub use start::{at_most_once_refuses, run, Placement};
 use protocol::{framed, send, ToCoordinator, ToWorker};
 use restore::RestoreFrom;
 use start::restore_state;
-use gate::{Alignment, InputGate};
+use gate::{Alignment, InputGate, Unaligning};
 use weir_api::Guarantee;
 use read_marks::ReadMarks;
 use subtask::{AtMostOnce, Counters, Input, Notification, Output, ReadAhead, SourceClock, Subtask};
@@ -167,6 +167,20 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
         trigger_txs.push(tx);
         trigger_rxs.insert(j, rx);
     }
+    // Unaligned checkpoints: every subtask with inputs hears of a periodic
+    // checkpoint from the coordinator directly, ahead of any queue.
+    let unaligned_after = if at_most_once || spec.guarantee() != Guarantee::ExactlyOnce { None } else { spec.checkpoint.unaligned_after() };
+    let mut notice_txs = Vec::new();
+    let mut notice_rxs = HashMap::new();
+    if unaligned_after.is_some() {
+        for stage in 1..plan.stage_count() {
+            for &j in &hosted {
+                let (tx, rx) = mpsc::unbounded_channel::<Barrier>();
+                notice_txs.push(tx);
+                notice_rxs.insert((stage, j), rx);
+            }
+        }
+    }
     let (notify_tx, _) = broadcast::channel::<Notification>(256);
     let mut sink_notifications: HashMap<u32, broadcast::Receiver<Notification>> = hosted.iter().map(|&j| (j, notify_tx.subscribe())).collect();
     let (start_tx, start_rx) = oneshot::channel::<()>();
@@ -195,9 +209,16 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                             let _ = tx.send(());
                         }
                     }
-                    Ok(ToWorker::Trigger(b)) => trigger_txs.iter().for_each(|t| {
-                        let _ = t.send(b.clone());
-                    }),
+                    Ok(ToWorker::Trigger(b)) => {
+                        if !b.savepoint && !b.is_final {
+                            notice_txs.iter().for_each(|t| {
+                                let _ = t.send(b.clone());
+                            });
+                        }
+                        trigger_txs.iter().for_each(|t| {
+                            let _ = t.send(b.clone());
+                        })
+                    }
                     Ok(ToWorker::Complete { checkpoint_id }) => {
                         let _ = notify_tx.send(Notification::Complete(checkpoint_id));
                     }
@@ -356,7 +377,14 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                 Input::Source { reader, triggers, ahead }
             } else {
                 let rxs = gates.remove(&(stage_index, j)).ok_or_else(|| Error::Job("input gate taken twice".into()))?;
-                Input::Gate(InputGate::new(format!("stage {stage_index} subtask {j}"), rxs, alignment))
+                let mut gate = InputGate::new(format!("stage {stage_index} subtask {j}"), rxs, alignment);
+                if let (Some(after), Some(notices)) = (unaligned_after, notice_rxs.remove(&(stage_index, j))) {
+                    gate = gate.unaligned(Unaligning { after, notices });
+                }
+                if let Some(r) = &restored {
+                    gate = gate.with_restored(r.in_flight_batches(&plan, stage_index, j).await?);
+                }
+                Input::Gate(gate)
             };
             let mut operators = Vec::new();
             let mut schema = stage.input_schema.clone();

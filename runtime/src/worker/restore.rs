@@ -128,6 +128,61 @@ impl RestoredState {
     }
 }
 
+impl RestoredState {
+    /// The records that were in flight towards subtask `subtask` of stage
+    /// `stage` when an unaligned checkpoint was taken, for the current
+    /// parallelism: every old subtask's whose key groups overlap, keeping the
+    /// rows whose key group is now this subtask's.
+    pub async fn in_flight_batches(
+        &self,
+        plan: &JobPlan,
+        stage: usize,
+        subtask: u32,
+    ) -> Result<Vec<RecordBatch>> {
+        let id = crate::plan::channel_state_id(stage);
+        let batches = self
+            .keyed_batches(&id, subtask, plan.spec.parallelism)
+            .await?;
+        let (Some(keys), Some(stage_plan)) =
+            (plan.input_key_indices(stage), plan.stages.get(stage))
+        else {
+            return Ok(Vec::new());
+        };
+        let partitioner = crate::exchange::partition::Partitioner::new(
+            keys.to_vec(),
+            plan.spec.parallelism,
+            plan.spec.max_parallelism,
+        );
+        let mut out = Vec::new();
+        for batch in batches {
+            let expected = &stage_plan.input_schema;
+            let fits = batch.schema().fields().len() == expected.fields().len()
+                && batch
+                    .schema()
+                    .fields()
+                    .iter()
+                    .zip(expected.fields().iter())
+                    .all(|(a, b)| a.data_type() == b.data_type());
+            if !fits {
+                return Err(Error::BadCheckpoint {
+                    location: self.location.display.clone(),
+                    message: format!(
+                        "it holds records in flight towards stage {stage} (`{id}`) of another shape than the pipeline's stage {stage} now takes: restore it into the pipeline it was taken with, or from a savepoint (savepoints hold no records in flight)"
+                    ),
+                });
+            }
+            out.extend(
+                partitioner
+                    .split(&batch)?
+                    .into_iter()
+                    .filter(|(t, _)| *t == subtask as usize)
+                    .map(|(_, b)| b),
+            );
+        }
+        Ok(out)
+    }
+}
+
 /// The in-progress sink files that some snapshot may still commit: the
 /// pending files of every complete checkpoint and savepoint in `storage`,
 /// and of `restored` (which may live elsewhere). A snapshot whose metadata

@@ -203,6 +203,8 @@ enum Event {
     Watermark(i64),
     /// Every input is idle.
     InputIdle,
+    /// Snapshot now; the records in flight come on the receiver.
+    UnalignedBarrier(Barrier, tokio::sync::oneshot::Receiver<Vec<RecordBatch>>),
 }
 
 impl Subtask {
@@ -260,7 +262,7 @@ impl Subtask {
                     if self.at_most_once.is_some() {
                         self.on_flush_barrier(b, &mut flushes).await?;
                     } else {
-                        self.on_barrier(b).await?;
+                        self.on_barrier(b, None).await?;
                     }
                     if is_final {
                         final_barrier = Some(id);
@@ -269,6 +271,9 @@ impl Subtask {
                             input_ended = true;
                         }
                     }
+                }
+                Event::UnalignedBarrier(b, in_flight) => {
+                    self.on_barrier(b, Some(in_flight)).await?
                 }
                 Event::End => {
                     self.end().await?;
@@ -314,6 +319,9 @@ impl Subtask {
                 Input::Gate(g) => Ok(match g.next().await? {
                     GateEvent::Batch(b) => Event::Batch(b),
                     GateEvent::Barrier(b) => Event::Barrier(b),
+                    GateEvent::UnalignedBarrier(b, in_flight) => {
+                        Event::UnalignedBarrier(b, in_flight)
+                    }
                     GateEvent::End => Event::End,
                     GateEvent::Watermark(w) => Event::Watermark(w),
                     GateEvent::Idle => Event::InputIdle,
@@ -383,6 +391,9 @@ impl Subtask {
         if let Input::Source { .. } = self.input {
             self.counters.records_in.fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
         }
+        if let (Output::Sink { .. }, Some(d)) = (&self.output, crate::fault::slow_sink()) {
+            tokio::time::sleep(d).await;
+        }
         self.emit_from(0, batch).await
     }
 
@@ -415,7 +426,15 @@ impl Subtask {
         Ok(())
     }
 
-    async fn on_barrier(&mut self, barrier: Barrier) -> Result<()> {
+    /// Snapshots for `barrier`: aligned, or unaligned with the records in
+    /// flight towards this subtask coming on `in_flight` once every input
+    /// delivered the barrier (they are written beside the state, and the
+    /// acknowledgement waits for them).
+    async fn on_barrier(
+        &mut self,
+        barrier: Barrier,
+        in_flight: Option<tokio::sync::oneshot::Receiver<Vec<RecordBatch>>>,
+    ) -> Result<()> {
         let mut inline: Vec<(String, OperatorSubtaskState)> = Vec::new();
         if let Input::Source { reader, .. } = &self.input {
             let positions = serde_json::to_value(reader.positions()?).map_err(|e| Error::Job(e.to_string()))?;
@@ -450,6 +469,25 @@ impl Subtask {
         let (stage, index, id) = (self.stage, self.index, barrier.checkpoint_id);
         tokio::spawn(async move {
             let mut operators = inline;
+            let mut keyed = keyed;
+            if let Some(rx) = in_flight {
+                let Ok(batches) = rx.await else {
+                    let _ = to_coordinator.send(ToCoordinator::Decline { checkpoint_id: id, reason: format!("stage {stage} subtask {index}: the records in flight were not recorded") });
+                    return;
+                };
+                if let Some(first) = batches.first() {
+                    match arrow::compute::concat_batches(&first.schema(), &batches) {
+                        Ok(all) => keyed.push((crate::plan::channel_state_id(stage), all)),
+                        Err(e) => {
+                            let _ = to_coordinator.send(ToCoordinator::Decline {
+                                checkpoint_id: id,
+                                reason: format!("stage {stage} subtask {index}: {e}"),
+                            });
+                            return;
+                        }
+                    }
+                }
+            }
             for (op, batch) in keyed {
                 let written = async {
                     let bytes = encode_state(&batch)?;

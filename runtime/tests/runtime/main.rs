@@ -20,4 +20,5 @@ mod postgres_sink;
 mod postgres_tls;
 mod s3_storage;
 mod savepoint_compat;
+mod unaligned;
 mod windows;

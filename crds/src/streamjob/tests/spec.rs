@@ -344,3 +344,37 @@ fn a_pod_template_with_only_pod_fields_parses_and_keeps_them() {
     assert!(spec.containers.is_empty());
     assert_eq!(spec.priority_class_name.as_deref(), Some("streaming"));
 }
+
+#[test]
+fn the_checkpoint_mode_and_alignment_timeout_of_the_spec_reach_the_pipeline() {
+    let job = parse(&with(
+        minimal(),
+        "/spec/checkpoint/alignmentTimeout",
+        serde_json::json!("250ms"),
+    ));
+    let pipeline = job.spec.validate().unwrap();
+    assert_eq!(
+        pipeline.checkpoint.unaligned_after(),
+        Some(std::time::Duration::from_millis(250))
+    );
+    let job = parse(&with(
+        minimal(),
+        "/spec/checkpoint/mode",
+        serde_json::json!("unaligned"),
+    ));
+    assert_eq!(
+        job.spec.validate().unwrap().checkpoint.mode,
+        CheckpointMode::Unaligned
+    );
+    let both = with(
+        with(
+            minimal(),
+            "/spec/checkpoint/mode",
+            serde_json::json!("unaligned"),
+        ),
+        "/spec/checkpoint/alignmentTimeout",
+        serde_json::json!("1s"),
+    );
+    let err = parse(&both).spec.validate().unwrap_err();
+    assert!(err.to_string().contains("alignment_timeout"), "{err}");
+}
