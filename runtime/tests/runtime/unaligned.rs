@@ -4,6 +4,7 @@
 //! (`WEIR_SLOW_SINK` slows the sink's stage down), and under backpressure
 //! the checkpoints really hold records that were in flight.
 
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
@@ -21,36 +22,32 @@ fn counting(parallelism: u32, events: u64, rate: u64, checkpoint: &str, slow: Op
     job
 }
 
+fn holds_records_in_flight(dir: &std::path::Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|files| files.flatten().any(|f| f.file_name().to_string_lossy().starts_with("in-flight-")))
+}
+
 /// How many retained checkpoints hold records that were in flight.
-pub fn checkpoints_with_records_in_flight(job: &Job) -> usize {
-    let Ok(dirs) = std::fs::read_dir(job.path("state/eo-test/checkpoints")) else {
-        return 0;
-    };
-    dirs.flatten()
-        .filter(|d| {
-            std::fs::read_dir(d.path()).is_ok_and(|files| {
-                files
-                    .flatten()
-                    .any(|f| f.file_name().to_string_lossy().starts_with("in-flight-"))
-            })
-        })
-        .count()
+fn checkpoints_with_records_in_flight(job: &Job) -> usize {
+    let Ok(dirs) = std::fs::read_dir(job.path("state/eo-test/checkpoints")) else { return 0 };
+    dirs.flatten().filter(|d| holds_records_in_flight(&d.path())).count()
 }
 
 fn latest_holds_records_in_flight(job: &Job) -> bool {
-    let Some(latest) = job.latest() else {
-        return false;
-    };
-    let dir = std::path::PathBuf::from(latest.trim_start_matches("file://"));
-    std::fs::read_dir(dir).is_ok_and(|files| {
-        files
-            .flatten()
-            .any(|f| f.file_name().to_string_lossy().starts_with("in-flight-"))
-    })
+    job.latest().is_some_and(|latest| holds_records_in_flight(std::path::Path::new(latest.trim_start_matches("file://"))))
 }
 
-fn worker_kills(job: &Job, kills: usize) -> std::process::Output {
+/// Runs the job and, once `must_hold_in_flight` some checkpoint holds
+/// records in flight (asserted), kills a worker `kills` times at random
+/// moments; returns the output of the run, which must succeed.
+pub fn worker_kills(job: &Job, kills: usize, must_hold_in_flight: bool) -> Output {
     let mut child = job.spawn(&[]);
+    if must_hold_in_flight {
+        let until = Instant::now() + Duration::from_secs(30);
+        while checkpoints_with_records_in_flight(job) == 0 && Instant::now() < until && child.try_wait().unwrap().is_none() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(checkpoints_with_records_in_flight(job) > 0, "no checkpoint held records in flight");
+    }
     let done = kill_workers_while_running(job, &mut child, kills);
     let out = wait_with_timeout(child, Duration::from_secs(240));
     assert!(out.status.success(), "weir run failed:\n{}", stderr(&out));
@@ -61,92 +58,42 @@ fn worker_kills(job: &Job, kills: usize) -> std::process::Output {
 #[test]
 fn unaligned_checkpoints_keep_the_running_count_exactly_once_under_worker_kills() {
     let job = counting(3, 120_000, 30_000, "  mode: unaligned\n", None);
-    let out = worker_kills(&job, 4);
-    assert!(
-        stderr(&out).contains("unaligned checkpoints every 150ms"),
-        "{}",
-        stderr(&out)
-    );
+    let out = worker_kills(&job, 4, false);
+    assert!(stderr(&out).contains("unaligned checkpoints every 150ms"), "{}", stderr(&out));
     job.assert_exactly_once();
 }
 
 #[test]
-fn unaligned_checkpoints_under_backpressure_hold_records_in_flight_and_keep_exactly_once_under_worker_kills(
-) {
+fn unaligned_checkpoints_under_backpressure_hold_records_in_flight_and_keep_exactly_once_under_worker_kills() {
     let job = counting(2, 100_000, 0, "  mode: unaligned\n", Some("10ms"));
-    let mut child = job.spawn(&[]);
-    // Under backpressure every checkpoint finds records on their way.
-    let until = Instant::now() + Duration::from_secs(30);
-    while checkpoints_with_records_in_flight(&job) == 0
-        && Instant::now() < until
-        && child.try_wait().unwrap().is_none()
-    {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(
-        checkpoints_with_records_in_flight(&job) > 0,
-        "no checkpoint held records in flight"
-    );
-    let done = kill_workers_while_running(&job, &mut child, 3);
-    let out = wait_with_timeout(child, Duration::from_secs(240));
-    assert!(out.status.success(), "weir run failed:\n{}", stderr(&out));
-    assert!(done >= 2, "only {done} kills happened before the job ended");
+    worker_kills(&job, 3, true);
     job.assert_exactly_once();
 }
 
 #[test]
-fn aligned_checkpoints_with_an_alignment_timeout_turn_unaligned_under_backpressure_and_keep_exactly_once_under_worker_kills(
-) {
+fn aligned_checkpoints_with_an_alignment_timeout_turn_unaligned_under_backpressure_and_keep_exactly_once_under_worker_kills() {
     let job = counting(2, 100_000, 0, "  alignment_timeout: 20ms\n", Some("10ms"));
-    let mut child = job.spawn(&[]);
-    let until = Instant::now() + Duration::from_secs(30);
-    while checkpoints_with_records_in_flight(&job) == 0
-        && Instant::now() < until
-        && child.try_wait().unwrap().is_none()
-    {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(
-        checkpoints_with_records_in_flight(&job) > 0,
-        "no checkpoint switched to unaligned"
-    );
-    let done = kill_workers_while_running(&job, &mut child, 3);
-    let out = wait_with_timeout(child, Duration::from_secs(240));
+    let out = worker_kills(&job, 3, true);
     let err = stderr(&out);
-    assert!(out.status.success(), "weir run failed:\n{err}");
-    assert!(
-        err.contains("aligned checkpoints every 150ms, unaligned when aligning takes over 20ms"),
-        "{err}"
-    );
-    assert!(done >= 2, "only {done} kills happened before the job ended");
+    assert!(err.contains("aligned checkpoints every 150ms, unaligned when aligning takes over 20ms"), "{err}");
     job.assert_exactly_once();
 }
 
 /// Runs the job with `first` (then, should the latest checkpoint hold no
 /// records in flight at the kill, with `--restore latest` at `parallelism`)
 /// and kills the whole run once its latest checkpoint holds some.
-fn kill_once_the_latest_checkpoint_holds_records_in_flight(
-    job: &Job,
-    first: &[&str],
-    parallelism: &str,
-) {
+fn kill_once_the_latest_checkpoint_holds_records_in_flight(job: &Job, first: &[&str], parallelism: &str) {
     let again = ["--restore", "latest", "--parallelism", parallelism];
     for attempt in 0..5 {
         let child = job.spawn(if attempt == 0 { first } else { &again });
         let until = Instant::now() + Duration::from_secs(20);
         let before = job.latest();
-        while (job.latest() == before || !latest_holds_records_in_flight(job))
-            && Instant::now() < until
-        {
+        while (job.latest() == before || !latest_holds_records_in_flight(job)) && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(20));
         }
         kill_group(child.id());
         let out = child.wait_with_output().unwrap();
-        assert!(
-            !out.status.success(),
-            "the job ended before it was killed:\n{}",
-            stderr(&out)
-        );
+        assert!(!out.status.success(), "the job ended before it was killed:\n{}", stderr(&out));
         if latest_holds_records_in_flight(job) {
             return;
         }
@@ -160,15 +107,8 @@ fn records_in_flight_in_an_unaligned_checkpoint_are_restored_at_another_parallel
     // Parallelism 3, then its checkpoint (with records in flight) restored
     // at 2, and that run's restored at 4.
     kill_once_the_latest_checkpoint_holds_records_in_flight(&job, &[], "3");
-    kill_once_the_latest_checkpoint_holds_records_in_flight(
-        &job,
-        &["--restore", "latest", "--parallelism", "2"],
-        "2",
-    );
-    let out = wait_with_timeout(
-        job.spawn(&["--restore", "latest", "--parallelism", "4"]),
-        Duration::from_secs(240),
-    );
+    kill_once_the_latest_checkpoint_holds_records_in_flight(&job, &["--restore", "latest", "--parallelism", "2"], "2");
+    let out = wait_with_timeout(job.spawn(&["--restore", "latest", "--parallelism", "4"]), Duration::from_secs(240));
     let err = stderr(&out);
     assert!(out.status.success(), "the last run failed:\n{err}");
     assert!(err.contains("restoring `eo-test` from checkpoint"), "{err}");
@@ -183,10 +123,7 @@ fn unaligned_settings_that_cannot_work_are_refused_naming_the_field() {
         0,
     );
     let err = assert_refused(&job.run(&[]));
-    assert!(
-        err.contains("checkpoint.mode") && err.contains("at-least-once"),
-        "{err}"
-    );
+    assert!(err.contains("checkpoint.mode") && err.contains("at-least-once"), "{err}");
     job.write_pipeline("name: eo-test\ncheckpoint:\n  mode: unaligned\n  alignment_timeout: 1s\nsource:\n  generator: {events: 10}\nsink:\n  blackhole: {}\n");
     let err = assert_refused(&job.run(&[]));
     assert!(err.contains("checkpoint.alignment_timeout"), "{err}");
