@@ -4,12 +4,15 @@
 //! checkpoints off and every second, rounds interleaved, and prints a table
 //! of throughput, checkpoint duration (p50, p99, max, from the
 //! coordinator's "checkpoint complete" log lines: trigger to metadata
-//! written) and snapshot size (the retained checkpoint directories).
+//! written) and what each checkpoint wrote (full: the retained checkpoint
+//! directories; incremental: the shared files, by the checkpoint that
+//! wrote them).
 //!
-//! Two workloads: every key changing between checkpoints (rate 0: the
-//! generator cycles through all keys many times a second) and a sparse one
-//! (a rate at which about a tenth of the keys change per interval), which
-//! is where an incremental snapshot would write less.
+//! Two workloads, each with full and with incremental checkpoints: every
+//! key changing between checkpoints (rate 0: the generator cycles through
+//! all keys many times a second) and a sparse one (a rate at which about a
+//! tenth of the keys change per interval), where an incremental snapshot
+//! writes less.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -61,6 +64,7 @@ struct Workload {
     interval: &'static str,
     /// Generator rate (0: as fast as it goes).
     rate: u64,
+    incremental: bool,
 }
 
 #[derive(Default)]
@@ -76,8 +80,8 @@ fn run_once(o: &Options, w: &Workload) -> Result<Sample> {
     // The sparse run lasts about 20 intervals.
     let events = if w.rate == 0 { o.events } else { w.rate * 20 };
     let yaml = format!(
-        "name: cost\nparallelism: {}\ncheckpoint:\n  interval: {}\n  retain: 5\nsource:\n  generator:\n    events: {events}\n    keys: {}\n    rate: {}\n    batch_size: 1024\nsteps:\n  - key_by: key\n  - running_count: count\nsink:\n  blackhole: {{}}\n",
-        o.parallelism, w.interval, o.keys, w.rate
+        "name: cost\nparallelism: {}\ncheckpoint:\n  interval: {}\n  retain: 5\n  incremental: {}\nsource:\n  generator:\n    events: {events}\n    keys: {}\n    rate: {}\n    batch_size: 1024\nsteps:\n  - key_by: key\n  - running_count: count\nsink:\n  blackhole: {{}}\n",
+        o.parallelism, w.interval, w.incremental, o.keys, w.rate
     );
     std::fs::write(dir.join("p.yaml"), yaml)?;
     let t0 = Instant::now();
@@ -101,9 +105,21 @@ fn run_once(o: &Options, w: &Workload) -> Result<Sample> {
         .filter(|l| l.contains("checkpoint complete"))
         .filter_map(|l| l.split_whitespace().find_map(|f| f.strip_prefix("duration_ms=")).and_then(|v| v.parse().ok()))
         .collect();
-    let sizes = checkpoint_sizes(&dir.join("state/cost/checkpoints"));
+    let sizes = if w.incremental { written_per_checkpoint(&dir.join("state/cost/shared")) } else { checkpoint_sizes(&dir.join("state/cost/checkpoints")) };
     let _ = std::fs::remove_dir_all(&dir);
     Ok(Sample { records_per_s: events as f64 / wall, durations_ms, sizes, checkpoints: summary["checkpoints"].as_u64().unwrap_or(0) })
+}
+
+/// Incremental checkpoints: the bytes each checkpoint wrote, from the
+/// shared files still there (their names end in `-chk<id>.arrow`).
+fn written_per_checkpoint(shared: &Path) -> Vec<u64> {
+    let mut by_id: std::collections::BTreeMap<u64, u64> = Default::default();
+    for f in std::fs::read_dir(shared).into_iter().flatten().flatten() {
+        let name = f.file_name().to_string_lossy().into_owned();
+        let Some(id) = name.rsplit_once("-chk").and_then(|(_, r)| r.strip_suffix(".arrow")).and_then(|n| n.parse::<u64>().ok()) else { continue };
+        *by_id.entry(id).or_default() += f.metadata().map(|m| m.len()).unwrap_or(0);
+    }
+    by_id.into_values().collect()
 }
 
 /// The bytes of each retained checkpoint directory.
@@ -127,14 +143,16 @@ pub fn run(o: &Options) -> Result<()> {
     // About a tenth of the keys change per one-second interval.
     let sparse = (o.keys / 10).max(1);
     let workloads = [
-        Workload { name: "every key changes", interval: "0s", rate: 0 },
-        Workload { name: "every key changes", interval: "1s", rate: 0 },
-        Workload { name: "a tenth of the keys change", interval: "1s", rate: sparse },
+        Workload { name: "every key changes", interval: "0s", rate: 0, incremental: false },
+        Workload { name: "every key changes", interval: "1s", rate: 0, incremental: false },
+        Workload { name: "every key changes", interval: "1s", rate: 0, incremental: true },
+        Workload { name: "a tenth of the keys change", interval: "1s", rate: sparse, incremental: false },
+        Workload { name: "a tenth of the keys change", interval: "1s", rate: sparse, incremental: true },
     ];
     let mut samples: Vec<Vec<Sample>> = workloads.iter().map(|_| Vec::new()).collect();
     for round in 0..o.rounds {
         for (i, w) in workloads.iter().enumerate() {
-            eprintln!("round {}/{}: {}, checkpoints {} ...", round + 1, o.rounds, w.name, w.interval);
+            eprintln!("round {}/{}: {}, checkpoints {}{} ...", round + 1, o.rounds, w.name, w.interval, if w.incremental { " incremental" } else { "" });
             samples[i].push(run_once(o, w)?);
         }
     }
@@ -146,7 +164,7 @@ pub fn run(o: &Options) -> Result<()> {
         o.rounds,
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
     );
-    println!("| workload | checkpoints | records/s (median) | throughput vs. off | checkpoints completed | duration p50 | duration p99 | duration max | snapshot size (median) |");
+    println!("| workload | checkpoints | records/s (median) | throughput vs. off | checkpoints completed | duration p50 | duration p99 | duration max | written per checkpoint (median) |");
     println!("|---|---|---|---|---|---|---|---|---|");
     let mut base = 0.0;
     for (w, s) in workloads.iter().zip(&samples) {
@@ -169,7 +187,11 @@ pub fn run(o: &Options) -> Result<()> {
         println!(
             "| {} | {} | {:.0} | {vs} | {completed} | {timing} |",
             w.name,
-            if w.interval == "0s" { "off".to_string() } else { format!("every {}", w.interval) },
+            match (w.interval, w.incremental) {
+                ("0s", _) => "off".to_string(),
+                (i, false) => format!("every {i}, full"),
+                (i, true) => format!("every {i}, incremental"),
+            },
             rate,
         );
     }

@@ -122,6 +122,14 @@ pub struct CheckpointSpec {
     /// (Flink's aligned-checkpoint timeout). Unset: always aligned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alignment_timeout: Option<HumanDuration>,
+    /// Running aggregates write only the keys that changed since their
+    /// last checkpoint (on a full snapshot, a new one after 16 of changes
+    /// or when the changes are as big as it), into files the checkpoints
+    /// share under `<state>/<job>/shared/`; a file is deleted when no
+    /// retained checkpoint names it. Such checkpoints cannot be moved
+    /// elsewhere; savepoints are always whole. Default false.
+    #[serde(default)]
+    pub incremental: bool,
     /// A checkpoint not complete after this long is abandoned; the job goes on.
     #[serde(default = "default_checkpoint_timeout")]
     pub timeout: HumanDuration,
@@ -149,6 +157,7 @@ impl Default for CheckpointSpec {
             interval: default_interval(),
             mode: CheckpointMode::default(),
             alignment_timeout: None,
+            incremental: false,
             timeout: default_checkpoint_timeout(),
             retain: default_retain(),
         }

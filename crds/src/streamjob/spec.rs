@@ -316,6 +316,11 @@ pub struct CheckpointSettings {
     /// takes it unaligned (its in-flight records go into the checkpoint). Unset: always aligned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alignment_timeout: Option<HumanDuration>,
+    /// Running aggregates write only the keys that changed since their last checkpoint,
+    /// into files checkpoints share under <storage>/<namespace>/<name>/shared/ (deleted
+    /// when no retained checkpoint names them). Savepoints are always whole.
+    #[serde(default)]
+    pub incremental: bool,
     /// A checkpoint not complete after this long is abandoned; the job goes on.
     #[serde(default = "default_checkpoint_timeout")]
     pub timeout: HumanDuration,

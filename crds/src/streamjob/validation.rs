@@ -161,6 +161,9 @@ impl StreamJobSpec {
         if let Some(t) = &c.alignment_timeout {
             checkpoint["alignment_timeout"] = t.to_string().into();
         }
+        if c.incremental {
+            checkpoint["incremental"] = true.into();
+        }
         effective.insert("checkpoint".into(), checkpoint);
         serde_yaml::to_string(&Value::Object(effective)).map_err(|e| PipelineError::Syntax {
             file: PIPELINE_ERROR_NAME.into(),

@@ -41,6 +41,11 @@ pub struct OperatorSubtaskState {
     /// Keyed state in an Arrow IPC file beside the metadata.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file: Option<StateFile>,
+    /// Keyed state of an incremental checkpoint: files in the job's
+    /// `shared/` directory, shared with other checkpoints, a full snapshot
+    /// first and then the changes after it, applied in this order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared: Vec<StateFile>,
 }
 
 /// A subtask's acknowledgement of a checkpoint: the state of each of its operators.
@@ -142,7 +147,7 @@ mod tests {
         m.add(SubtaskAck {
             stage: 0,
             subtask: 1,
-            operators: vec![("source".into(), OperatorSubtaskState { subtask: 1, inline: Some(serde_json::json!({"a": 1})), file: None })],
+            operators: vec![("source".into(), OperatorSubtaskState { subtask: 1, inline: Some(serde_json::json!({"a": 1})), file: None, shared: Vec::new() })],
         });
         m
     }

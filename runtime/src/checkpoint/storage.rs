@@ -91,6 +91,17 @@ impl Location {
         })
     }
 
+    /// The directory this one is in.
+    pub fn parent(&self) -> Location {
+        let parts: Vec<_> = self.prefix.parts().collect();
+        Location {
+            store: self.store.clone(),
+            prefix: Path::from_iter(parts[..parts.len().saturating_sub(1)].iter().cloned()),
+            display: self.display.trim_end_matches('/').rsplit_once('/').map_or(String::new(), |(p, _)| p.to_string()),
+            local: self.local.as_ref().and_then(|l| l.parent().map(|p| p.to_path_buf())),
+        }
+    }
+
     pub fn child(&self, name: &str) -> Location {
         Location {
             store: self.store.clone(),
@@ -263,6 +274,10 @@ fn join(prefix: &Path, name: &str) -> Path {
     p
 }
 
+/// Where incremental checkpoints keep their state files, under the job's
+/// directory: a file is shared by every checkpoint whose chain names it.
+pub const SHARED_DIR: &str = "shared";
+
 /// One job's checkpoints and savepoints.
 #[derive(Clone, Debug)]
 pub struct CheckpointStorage {
@@ -391,6 +406,36 @@ impl CheckpointStorage {
         }
         for s in checkpoints.iter().filter(|s| !s.complete && s.id < newest) {
             self.dir(&s.dir).delete_all().await?;
+        }
+        self.discard_unreferenced_shared(newest).await
+    }
+
+    /// Deletes the shared state files (of incremental checkpoints) that no
+    /// complete checkpoint references, of checkpoints up to `newest`: a
+    /// newer one may be in progress, its files not referenced yet. This is
+    /// the reference count: a file lives as long as a retained checkpoint
+    /// names it.
+    async fn discard_unreferenced_shared(&self, newest: u64) -> Result<()> {
+        let names = self.job_root.list_objects(SHARED_DIR).await?;
+        if names.is_empty() {
+            return Ok(());
+        }
+        let mut referenced = std::collections::HashSet::new();
+        for (info, meta) in self.list_with_metadata().await? {
+            let Some(meta) = meta else { continue };
+            if info.kind != SnapshotKind::Checkpoint {
+                continue;
+            }
+            for s in meta.operators.values().flatten() {
+                referenced.extend(s.shared.iter().map(|f| f.name.clone()));
+            }
+        }
+        let shared = self.dir(SHARED_DIR);
+        for name in names {
+            let id = name.rsplit_once("-chk").and_then(|(_, rest)| rest.strip_suffix(".arrow")).and_then(|n| n.parse::<u64>().ok());
+            if id.is_some_and(|id| id <= newest) && !referenced.contains(&name) {
+                shared.delete(&name).await?;
+            }
         }
         Ok(())
     }

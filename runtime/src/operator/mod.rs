@@ -123,10 +123,31 @@ impl Operator {
         }
     }
 
-    /// Loads the part of a restored state batch this subtask owns.
-    pub fn restore(&mut self, batch: &RecordBatch, location: &str) -> Result<()> {
+    /// Whether the operator can snapshot only what changed. Running
+    /// aggregates can (their state only grows and changes); windows always
+    /// write all of theirs, which their firing keeps small.
+    pub fn is_incremental(&self) -> bool {
+        matches!(self, Operator::Running(_))
+    }
+
+    /// For an incremental operator: ends the current generation of changes
+    /// (see [`RunningAggregate::cut`]) and returns the entries changed after
+    /// generation `after` (all of them with `None`), and the generation cut.
+    pub fn snapshot_changed_after(&mut self, after: Option<u32>) -> Result<Option<(RecordBatch, u32)>> {
         match self {
-            Operator::Running(r) => r.restore(batch, location),
+            Operator::Running(r) => {
+                let generation = r.cut();
+                Ok(Some((r.snapshot_changed_after(after)?, generation)))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Loads the part of a restored state batch this subtask owns; `changes`
+    /// for an incremental snapshot applied over the ones before it.
+    pub fn restore(&mut self, batch: &RecordBatch, location: &str, changes: bool) -> Result<()> {
+        match self {
+            Operator::Running(r) => r.restore(batch, location, changes),
             Operator::Window(w) => w.restore(batch, location),
             _ => Ok(()),
         }

@@ -35,9 +35,21 @@ enum Acc {
     F(f64),
 }
 
+/// A key's accumulator and the generation (see [`RunningAggregate::cut`])
+/// in which it last changed: what an incremental snapshot selects by.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    acc: Acc,
+    changed: u32,
+}
+
+impl Entry {
+    const EMPTY: Entry = Entry { acc: Acc::Empty, changed: 0 };
+}
+
 enum KeyTable {
-    Int64(FastMap<i64, Acc>),
-    Rows { converter: RowConverter, map: FastMap<Box<[u8]>, Acc> },
+    Int64(FastMap<i64, Entry>),
+    Rows { converter: RowConverter, map: FastMap<Box<[u8]>, Entry> },
 }
 
 pub struct RunningAggregate {
@@ -53,6 +65,8 @@ pub struct RunningAggregate {
     max_parallelism: u32,
     groups: RangeInclusive<u32>,
     table: KeyTable,
+    /// Entries changed from now on are marked with this.
+    generation: u32,
 }
 
 impl RunningAggregate {
@@ -87,6 +101,7 @@ impl RunningAggregate {
             max_parallelism,
             groups: groups_of_subtask(subtask, parallelism, max_parallelism),
             table,
+            generation: 1,
         })
     }
 
@@ -156,9 +171,10 @@ impl RunningAggregate {
             KeyTable::Int64(map) => {
                 let keys = batch.column(self.key_indices[0]).as_primitive::<Int64Type>();
                 for (r, k) in keys.values().iter().enumerate() {
-                    let acc = map.entry(*k).or_insert(Acc::Empty);
-                    *acc = Self::update(f, *acc, values(r)).ok_or_else(|| overflow(r, *acc))?;
-                    out.push(*acc);
+                    let e = map.entry(*k).or_insert(Entry::EMPTY);
+                    e.acc = Self::update(f, e.acc, values(r)).ok_or_else(|| overflow(r, e.acc))?;
+                    e.changed = self.generation;
+                    out.push(e.acc);
                 }
             }
             KeyTable::Rows { converter, map } => {
@@ -166,12 +182,13 @@ impl RunningAggregate {
                 let rows = converter.convert_columns(&canonical_keys(&cols)).map_err(Error::arrow(format!("{}: keys", self.id)))?;
                 for r in 0..n {
                     let key = rows.row(r);
-                    let acc = match map.get_mut(key.as_ref()) {
-                        Some(a) => a,
-                        None => map.entry(key.as_ref().into()).or_insert(Acc::Empty),
+                    let e = match map.get_mut(key.as_ref()) {
+                        Some(e) => e,
+                        None => map.entry(key.as_ref().into()).or_insert(Entry::EMPTY),
                     };
-                    *acc = Self::update(f, *acc, values(r)).ok_or_else(|| overflow(r, *acc))?;
-                    out.push(*acc);
+                    e.acc = Self::update(f, e.acc, values(r)).ok_or_else(|| overflow(r, e.acc))?;
+                    e.changed = self.generation;
+                    out.push(e.acc);
                 }
             }
         }
@@ -191,17 +208,32 @@ impl RunningAggregate {
     /// A copy of the state, taken synchronously at the barrier; writing it
     /// out happens elsewhere while processing goes on.
     pub fn snapshot(&self) -> Result<RecordBatch> {
+        self.snapshot_changed_after(None)
+    }
+
+    /// Ends the current generation: entries changed until now carry the
+    /// returned number, entries changed later a greater one.
+    pub fn cut(&mut self) -> u32 {
+        let g = self.generation;
+        self.generation += 1;
+        g
+    }
+
+    /// The entries changed in generations after `after` (all with `None`):
+    /// an incremental snapshot, applied over the snapshots before it.
+    pub fn snapshot_changed_after(&self, after: Option<u32>) -> Result<RecordBatch> {
         let ctx = || format!("{}: snapshot", self.id);
+        let selected = |e: &Entry| after.is_none_or(|a| e.changed > a);
         let (key_columns, accs): (Vec<ArrayRef>, Vec<Acc>) = match &self.table {
             KeyTable::Int64(map) => {
-                let keys: Int64Array = map.keys().copied().collect();
-                (vec![Arc::new(keys)], map.values().copied().collect())
+                let keys: Int64Array = map.iter().filter(|(_, e)| selected(e)).map(|(k, _)| *k).collect();
+                (vec![Arc::new(keys)], map.values().filter(|e| selected(e)).map(|e| e.acc).collect())
             }
             KeyTable::Rows { converter, map } => {
                 let parser = converter.parser();
-                let rows: Vec<_> = map.keys().map(|k| parser.parse(k)).collect();
+                let rows: Vec<_> = map.iter().filter(|(_, e)| selected(e)).map(|(k, _)| parser.parse(k)).collect();
                 let cols = converter.convert_rows(rows).map_err(Error::arrow(ctx()))?;
-                (cols, map.values().copied().collect())
+                (cols, map.values().filter(|e| selected(e)).map(|e| e.acc).collect())
             }
         };
         let rows = accs.len();
@@ -214,8 +246,9 @@ impl RunningAggregate {
 
     /// Loads the rows of `batch` whose key group this subtask owns. State that
     /// does not fit the step is an unusable checkpoint (`location`): every
-    /// restore of it would fail alike.
-    pub fn restore(&mut self, batch: &RecordBatch, location: &str) -> Result<()> {
+    /// restore of it would fail alike. The rows of an incremental snapshot
+    /// (`changes`) replace what an earlier one of the chain held.
+    pub fn restore(&mut self, batch: &RecordBatch, location: &str, changes: bool) -> Result<()> {
         let expected = self.snapshot_schema();
         let found = batch.schema();
         let same = found.fields().len() == expected.fields().len()
@@ -264,7 +297,7 @@ impl RunningAggregate {
                 let keys = key_columns[0].as_primitive::<Int64Type>();
                 for r in 0..batch.num_rows() {
                     if self.groups.contains(&groups[r]) {
-                        map.insert(keys.value(r), acc_at(r));
+                        map.insert(keys.value(r), Entry { acc: acc_at(r), changed: 0 });
                     }
                 }
             }
@@ -275,10 +308,10 @@ impl RunningAggregate {
                         // -0.0 and 0.0 were two keys in older checkpoints; now
                         // they are one, holding what both had counted.
                         let acc = match map.get(rows.row(r).as_ref()) {
-                            Some(&old) => Self::merge(f, old, acc_at(r)).ok_or_else(|| too_big(r))?,
-                            None => acc_at(r),
+                            Some(old) if !changes => Self::merge(f, old.acc, acc_at(r)).ok_or_else(|| too_big(r))?,
+                            _ => acc_at(r),
                         };
-                        map.insert(rows.row(r).as_ref().into(), acc);
+                        map.insert(rows.row(r).as_ref().into(), Entry { acc, changed: 0 });
                     }
                 }
             }
@@ -383,6 +416,30 @@ mod tests {
     }
 
     #[test]
+    fn an_incremental_snapshot_holds_only_the_keys_changed_since_the_one_it_builds_on() {
+        let mut op = count_op(0, 1);
+        op.process(batch((0..100).collect())).unwrap();
+        let first = op.cut();
+        let full = op.snapshot_changed_after(None).unwrap();
+        assert_eq!(full.num_rows(), 100);
+        op.process(batch(vec![3, 7, 3])).unwrap();
+        let second = op.cut();
+        let changes = op.snapshot_changed_after(Some(first)).unwrap();
+        assert_eq!(changes.num_rows(), 2, "keys 3 and 7 changed");
+        // The file of `changes` was lost: the next one builds on `first` again.
+        op.process(batch(vec![50])).unwrap();
+        op.cut();
+        assert_eq!(op.snapshot_changed_after(Some(first)).unwrap().num_rows(), 3);
+        assert_eq!(op.snapshot_changed_after(Some(second)).unwrap().num_rows(), 1);
+        // The full snapshot and then the changes give the state back.
+        let mut restored = count_op(0, 1);
+        restored.restore(&full, "chk-1", false).unwrap();
+        restored.restore(&changes, "chk-2", true).unwrap();
+        let out = restored.process(batch(vec![3, 7, 8])).unwrap();
+        assert_eq!(counts(&out), vec![4, 3, 2]);
+    }
+
+    #[test]
     fn a_snapshot_restored_at_another_parallelism_keeps_every_count_once() {
         let mut op = count_op(0, 1);
         let keys: Vec<i64> = (0..200).map(|i| i % 50).collect();
@@ -391,7 +448,7 @@ mod tests {
         let mut restored = Vec::new();
         for s in 0..3 {
             let mut o = count_op(s, 3);
-            o.restore(&snap, "chk-1").unwrap();
+            o.restore(&snap, "chk-1", false).unwrap();
             restored.push(o);
         }
         assert_eq!(restored.iter().map(|o| o.key_count()).sum::<usize>(), 50);
@@ -422,7 +479,7 @@ mod tests {
         let m = r.column(2).as_primitive::<Float64Type>();
         assert_eq!((m.value(0), m.is_null(1), m.value(2)), (1.0, true, 1.0));
         let mut again = RunningAggregate::new("m".into(), "steps[1].running_max".into(), &plan, &schema, out, 0, 1, 8).unwrap();
-        again.restore(&op.snapshot().unwrap(), "chk-1").unwrap();
+        again.restore(&op.snapshot().unwrap(), "chk-1", false).unwrap();
         let r = again.process(b).unwrap();
         assert_eq!(r.column(2).as_primitive::<Float64Type>().value(0), 1.0);
     }
@@ -489,7 +546,7 @@ mod tests {
         assert_eq!(op.key_count(), 3);
         // Also after a snapshot and a restore.
         let (mut again, _) = float_count_op();
-        again.restore(&op.snapshot().unwrap(), "chk-1").unwrap();
+        again.restore(&op.snapshot().unwrap(), "chk-1", false).unwrap();
         assert_eq!(float_counts(&mut again, &schema, vec![-0.0, f64::NAN]), vec![4, 3]);
     }
 
@@ -505,7 +562,7 @@ mod tests {
         ])
         .unwrap();
         let (mut restored, _) = float_count_op();
-        restored.restore(&snapshot, "chk-1").unwrap();
+        restored.restore(&snapshot, "chk-1", false).unwrap();
         assert_eq!(restored.key_count(), 1);
         assert_eq!(float_counts(&mut restored, &schema, vec![-0.0]), vec![6]);
     }
@@ -515,7 +572,7 @@ mod tests {
         let mut counting = count_op(0, 1);
         counting.process(batch(vec![1, 2])).unwrap();
         let (mut floats, _) = float_count_op();
-        let err = floats.restore(&counting.snapshot().unwrap(), "state/job/checkpoints/chk-3").unwrap_err();
+        let err = floats.restore(&counting.snapshot().unwrap(), "state/job/checkpoints/chk-3", false).unwrap_err();
         assert!(matches!(err, Error::BadCheckpoint { .. }) && err.is_fatal(), "{err}");
         let text = err.to_string();
         assert!(text.contains("chk-3") && text.contains("steps[1].running_count") && text.contains("new id"), "{text}");

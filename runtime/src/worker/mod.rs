@@ -51,7 +51,7 @@ use start::restore_state;
 use gate::{Alignment, InputGate, Unaligning};
 use weir_api::Guarantee;
 use read_marks::ReadMarks;
-use subtask::{AtMostOnce, Counters, Input, Notification, Output, ReadAhead, SourceClock, Subtask};
+use subtask::{AtMostOnce, Counters, Incremental, Input, Notification, Output, ReadAhead, SourceClock, Subtask};
 
 pub struct WorkerConfig {
     pub plan: Arc<JobPlan>,
@@ -391,8 +391,8 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
             for op_plan in &stage.operators {
                 let mut op = Operator::new(op_plan, &schema, j, p, max_p)?;
                 if let (Some(r), true) = (&restored, op.is_stateful()) {
-                    for batch in r.keyed_batches(op_plan.id.as_str(), j, p).await? {
-                        op.restore(&batch, &r.location.display)?;
+                    for (batch, changes) in r.keyed_batches(op_plan.id.as_str(), j, p).await? {
+                        op.restore(&batch, &r.location.display, changes)?;
                     }
                 }
                 schema = op_plan.output_schema.clone();
@@ -424,6 +424,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                 counters: counters.clone(),
                 at_most_once: at_most_once.then(|| AtMostOnce { flush_every: spec.checkpoint.interval.get() }),
                 clock: if stage_index == 0 { plan.event_time.clone().map(SourceClock::new) } else { None },
+                incremental: (spec.checkpoint.incremental && !at_most_once).then(|| Incremental::new(&cluster.run_id)),
             };
             tasks.spawn(subtask.run());
         }

@@ -83,8 +83,17 @@ impl RestoredState {
             if let Some(file) = &s.file {
                 self.location.read_state_file(file).await?;
             }
+            for file in &s.shared {
+                self.shared_dir().read_state_file(file).await?;
+            }
         }
         Ok(())
+    }
+
+    /// The job's directory of shared state files (incremental checkpoints),
+    /// beside its `checkpoints` directory.
+    fn shared_dir(&self) -> Location {
+        self.location.parent().parent().child(crate::checkpoint::storage::SHARED_DIR)
     }
 
     pub fn source_positions(&self) -> Result<Vec<SourcePositions>> {
@@ -110,19 +119,27 @@ impl RestoredState {
         Ok(out)
     }
 
-    /// The keyed-state batches whose key group ranges overlap `subtask`'s.
-    pub async fn keyed_batches(&self, op: &str, subtask: u32, parallelism: u32) -> Result<Vec<RecordBatch>> {
+    /// The keyed-state batches whose key group ranges overlap `subtask`'s,
+    /// each with whether it holds changes to apply over the batches before
+    /// it (the files of an incremental checkpoint after its full snapshot).
+    pub async fn keyed_batches(&self, op: &str, subtask: u32, parallelism: u32) -> Result<Vec<(RecordBatch, bool)>> {
         let max = self.meta.max_parallelism;
         let mine = groups_of_subtask(subtask, parallelism, max);
         let mut out = Vec::new();
         for s in self.meta.operators.get(op).into_iter().flatten() {
-            let Some(file) = &s.file else { continue };
             let theirs = groups_of_subtask(s.subtask, self.meta.parallelism, max);
             if theirs.end() < mine.start() || theirs.start() > mine.end() {
                 continue;
             }
-            let bytes = self.location.read_state_file(file).await?;
-            out.extend(decode_state(&format!("{}/{}", self.location.display, file.name), bytes.to_vec())?);
+            if let Some(file) = &s.file {
+                let bytes = self.location.read_state_file(file).await?;
+                out.extend(decode_state(&format!("{}/{}", self.location.display, file.name), bytes.to_vec())?.into_iter().map(|b| (b, false)));
+            }
+            let shared = self.shared_dir();
+            for (i, file) in s.shared.iter().enumerate() {
+                let bytes = shared.read_state_file(file).await?;
+                out.extend(decode_state(&format!("{}/{}", shared.display, file.name), bytes.to_vec())?.into_iter().map(|b| (b, i > 0)));
+            }
         }
         Ok(out)
     }
@@ -154,7 +171,7 @@ impl RestoredState {
             plan.spec.max_parallelism,
         );
         let mut out = Vec::new();
-        for batch in batches {
+        for (batch, _) in batches {
             let expected = &stage_plan.input_schema;
             let fits = batch.schema().fields().len() == expected.fields().len()
                 && batch

@@ -131,6 +131,45 @@ impl SourceClock {
     }
 }
 
+/// Incremental checkpoints: per stateful operator of the subtask, the
+/// chain of shared state files its next checkpoint builds on. It is locked
+/// from a barrier until that checkpoint's files are written, so that every
+/// snapshot knows whether the one before it was written: changes of a
+/// snapshot whose file was never written go into the next one again.
+#[derive(Clone)]
+pub struct Incremental {
+    run_id: String,
+    chains: Arc<tokio::sync::Mutex<std::collections::HashMap<String, Chain>>>,
+}
+
+impl Incremental {
+    pub fn new(run_id: &str) -> Incremental {
+        Incremental { run_id: run_id.to_string(), chains: Default::default() }
+    }
+}
+
+#[derive(Clone, Default)]
+struct Chain {
+    /// A full snapshot, then files of changes, oldest first.
+    files: Vec<crate::checkpoint::StateFile>,
+    /// The generation of changes the last file covers.
+    covered: Option<u32>,
+    base_bytes: u64,
+    change_bytes: u64,
+}
+
+impl Chain {
+    /// At most this many files of changes follow a full snapshot: a restore
+    /// reads them all.
+    const MAX_CHANGES: usize = 16;
+
+    /// A new full snapshot is due: none yet, too many files of changes, or
+    /// changes as big as the full state (then a full one costs no more).
+    fn wants_full(&self) -> bool {
+        self.files.is_empty() || self.files.len() > Self::MAX_CHANGES || self.change_bytes >= self.base_bytes
+    }
+}
+
 /// What the coordinator tells sinks.
 #[derive(Debug, Clone)]
 pub enum Notification {
@@ -187,6 +226,8 @@ pub struct Subtask {
     pub at_most_once: Option<AtMostOnce>,
     /// Set for a source subtask of a job with event time.
     pub clock: Option<SourceClock>,
+    /// Set when checkpoints are incremental.
+    pub incremental: Option<Incremental>,
 }
 
 enum Event {
@@ -438,13 +479,36 @@ impl Subtask {
         let mut inline: Vec<(String, OperatorSubtaskState)> = Vec::new();
         if let Input::Source { reader, .. } = &self.input {
             let positions = serde_json::to_value(reader.positions()?).map_err(|e| Error::Job(e.to_string()))?;
-            inline.push((SOURCE_ID.into(), OperatorSubtaskState { subtask: self.index, inline: Some(positions), file: None }));
+            inline.push((SOURCE_ID.into(), OperatorSubtaskState { subtask: self.index, inline: Some(positions), file: None, shared: Vec::new() }));
         }
-        // The synchronous part: copies of keyed state.
+        // The synchronous part: copies of keyed state. Incremental ones
+        // copy what changed since the last file of their chain; savepoints
+        // are always whole (and leave the chains alone).
         let mut keyed = Vec::new();
-        for op in &self.operators {
-            if let Some(batch) = op.snapshot()? {
-                keyed.push((op.id().to_string(), batch));
+        let mut changes = Vec::new();
+        let mut chains = None;
+        match &self.incremental {
+            Some(inc) if !barrier.savepoint => {
+                let guard = inc.chains.clone().lock_owned().await;
+                for op in &mut self.operators {
+                    if op.is_incremental() {
+                        let chain = guard.get(op.id()).cloned().unwrap_or_default();
+                        let full = chain.wants_full();
+                        if let Some((batch, generation)) = op.snapshot_changed_after(if full { None } else { chain.covered })? {
+                            changes.push((op.id().to_string(), batch, full, generation, chain));
+                        }
+                    } else if let Some(batch) = op.snapshot()? {
+                        keyed.push((op.id().to_string(), batch));
+                    }
+                }
+                chains = Some((guard, inc.run_id.clone(), self.storage.dir(crate::checkpoint::storage::SHARED_DIR)));
+            }
+            _ => {
+                for op in &self.operators {
+                    if let Some(batch) = op.snapshot()? {
+                        keyed.push((op.id().to_string(), batch));
+                    }
+                }
             }
         }
         let name = self.name();
@@ -452,7 +516,7 @@ impl Subtask {
             Output::Sink { sink, .. } => {
                 if let Some(state) = sink.pre_commit(barrier.checkpoint_id).await? {
                     let v = serde_json::to_value(state).map_err(|e| Error::Job(e.to_string()))?;
-                    inline.push((SINK_ID.into(), OperatorSubtaskState { subtask: self.index, inline: Some(v), file: None }));
+                    inline.push((SINK_ID.into(), OperatorSubtaskState { subtask: self.index, inline: Some(v), file: None, shared: Vec::new() }));
                 }
             }
             Output::Exchange { senders, .. } => {
@@ -488,6 +552,30 @@ impl Subtask {
                     }
                 }
             }
+            if let Some((mut guard, run_id, shared)) = chains {
+                for (op, batch, full, generation, chain) in changes {
+                    let written = async {
+                        let bytes = encode_state(&batch)?;
+                        shared.put_state_file(&format!("{op}-{index}-{run_id}-chk{id}.arrow"), bytes).await
+                    }
+                    .await;
+                    let file = match written {
+                        Ok(file) => file,
+                        Err(e) => {
+                            let _ = to_coordinator.send(ToCoordinator::Decline { checkpoint_id: id, reason: format!("stage {stage} subtask {index}: {e}") });
+                            return;
+                        }
+                    };
+                    let mut next = if full { Chain { base_bytes: file.size, ..Chain::default() } } else { chain };
+                    if !full {
+                        next.change_bytes += file.size;
+                    }
+                    next.files.push(file);
+                    next.covered = Some(generation);
+                    operators.push((op.clone(), OperatorSubtaskState { subtask: index, inline: None, file: None, shared: next.files.clone() }));
+                    guard.insert(op, next);
+                }
+            }
             for (op, batch) in keyed {
                 let written = async {
                     let bytes = encode_state(&batch)?;
@@ -495,7 +583,7 @@ impl Subtask {
                 }
                 .await;
                 match written {
-                    Ok(file) => operators.push((op, OperatorSubtaskState { subtask: index, inline: None, file: Some(file) })),
+                    Ok(file) => operators.push((op, OperatorSubtaskState { subtask: index, inline: None, file: Some(file), shared: Vec::new() })),
                     Err(e) => {
                         let _ = to_coordinator.send(ToCoordinator::Decline { checkpoint_id: id, reason: format!("stage {stage} subtask {index}: {e}") });
                         return;

@@ -10,6 +10,7 @@ mod common;
 mod bad_input;
 mod exactly_once;
 mod guarantees;
+mod incremental;
 mod kafka;
 mod kafka_security;
 mod lifecycle;
