@@ -76,12 +76,14 @@ const RUN_LIMIT: Duration = Duration::from_secs(90);
 /// a stateless filter before `key_by` (the count keeps its state through its
 /// `id`) and the checkpoint interval and mode (aligned, unaligned, or
 /// aligned with an alignment timeout: a restore hands an unaligned
-/// checkpoint's in-flight records to a job of any mode). None changes the output.
+/// checkpoint's in-flight records to a job of any mode), and whether
+/// checkpoints are incremental. None changes the output.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Shape {
     filter: bool,
     interval_ms: u64,
     mode: Mode,
+    incremental: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -117,11 +119,12 @@ fn pipeline_yaml(size: Size, shape: Shape, parallelism: u32) -> String {
     let Size { events, keys, rate } = size;
     let filter = if shape.filter { "  - filter: \"seq >= 0\"\n" } else { "" };
     format!(
-        "name: eo-test\nparallelism: {parallelism}\nmax_parallelism: {MAX_PARALLELISM}\ncheckpoint:\n  interval: {}ms\n{}\
+        "name: eo-test\nparallelism: {parallelism}\nmax_parallelism: {MAX_PARALLELISM}\ncheckpoint:\n  interval: {}ms\n  incremental: {}\n{}\
          source:\n  generator:\n    events: {events}\n    keys: {keys}\n    rate: {rate}\n    batch_size: 100\n\
          steps:\n{filter}  - key_by: key\n  - running_count: count\n    id: counts\n\
          sink:\n  file:\n    path: out/eo\n    format: jsonl\n    guarantee: exactly-once\n",
         shape.interval_ms,
+        shape.incremental,
         shape.mode.yaml()
     )
 }
@@ -342,7 +345,7 @@ fn draw_plan(rng: &mut StdRng) -> Vec<Action> {
             12..=13 => Action::Restore { pick: rng.random_range(0..64), parallelism: rng.random_range(1..=4) },
             14 => Action::Rescale { parallelism: rng.random_range(1..=4), via_savepoint: rng.random_bool(0.5) },
             15 => Action::ChangePipeline {
-                shape: Shape { filter: rng.random_bool(0.5), interval_ms: [100, 150, 200, 300][rng.random_range(0..4)], mode: Mode::draw(rng) },
+                shape: Shape { filter: rng.random_bool(0.5), interval_ms: [100, 150, 200, 300][rng.random_range(0..4)], mode: Mode::draw(rng), incremental: rng.random_bool(0.5) },
                 via_savepoint: rng.random_bool(0.5),
             },
             16..=17 => Action::SecondRun { after_ms: rng.random_range(0..800) },
@@ -879,7 +882,7 @@ impl<'a> Model<'a> {
             }),
             Action::ChangePipeline { shape, via_savepoint } => self.upgrade(via_savepoint, |m| {
                 m.shape = shape;
-                format!("change the pipeline: filter {}, checkpoint interval {} ms, {:?}", shape.filter, shape.interval_ms, shape.mode)
+                format!("change the pipeline: filter {}, checkpoint interval {} ms, {:?}, incremental {}", shape.filter, shape.interval_ms, shape.mode, shape.incremental)
             }),
             Action::SecondRun { after_ms } => {
                 self.ensure_running()?;
@@ -977,7 +980,7 @@ fn run_sequence(seed: u64, stop_supported: bool) -> Result<(), (Stop, Vec<String
     let keys = MAX_PARALLELISM as u64 * rng.random_range(2..=3);
     // 2.5 to 5 s of events: long enough for kills and savepoints to land mid-run.
     let size = Size { events: rng.random_range(20_000..=40_000), keys, rate: 8_000 };
-    let shape = Shape { filter: rng.random_bool(0.3), interval_ms: [100, 150, 200, 300][rng.random_range(0..4)], mode: Mode::draw(&mut rng) };
+    let shape = Shape { filter: rng.random_bool(0.3), interval_ms: [100, 150, 200, 300][rng.random_range(0..4)], mode: Mode::draw(&mut rng), incremental: rng.random_bool(0.5) };
     let parallelism = rng.random_range(1..=4);
     let plan = draw_plan(&mut rng);
     println!("  {} events, {} keys, parallelism {parallelism}, {shape:?}; plan:", size.events, size.keys);
@@ -1030,7 +1033,7 @@ fn a_failure_free_run_commits_exactly_the_records_the_oracle_expects() {
     // parallelism, with or without the filter step.
     for (parallelism, filter, keys) in [(3, false, 16), (2, true, 24), (4, false, 24)] {
         let size = Size { events: 20_000, keys, rate: 0 };
-        let job = Job::with_pipeline(&pipeline_yaml(size, Shape { filter, interval_ms: 100, mode: Mode::Aligned }, parallelism), size.events, keys);
+        let job = Job::with_pipeline(&pipeline_yaml(size, Shape { filter, interval_ms: 100, mode: Mode::Aligned, incremental: false }, parallelism), size.events, keys);
         let out = job.run(&[]);
         assert!(out.status.success(), "{}", stderr(&out));
         if let Err(e) = check_output(&job.path("out/eo"), size, Some(&HashSet::new())) {
