@@ -432,8 +432,14 @@ impl CheckpointStorage {
         }
         let shared = self.dir(SHARED_DIR);
         for name in names {
-            let id = name.rsplit_once("-chk").and_then(|(_, rest)| rest.strip_suffix(".arrow")).and_then(|n| n.parse::<u64>().ok());
-            if id.is_some_and(|id| id <= newest) && !referenced.contains(&name) {
+            // A write cut off by a kill leaves the local store's temporary
+            // file (`<name>#<n>`): garbage, whoever names `<name>`.
+            let (file, temporary) = match name.split_once('#') {
+                Some((file, _)) => (file, true),
+                None => (name.as_str(), false),
+            };
+            let id = file.rsplit_once("-chk").and_then(|(_, rest)| rest.strip_suffix(".arrow")).and_then(|n| n.parse::<u64>().ok());
+            if id.is_some_and(|id| id <= newest) && (temporary || !referenced.contains(&name)) {
                 shared.delete(&name).await?;
             }
         }

@@ -135,7 +135,9 @@ impl SourceClock {
 /// chain of shared state files its next checkpoint builds on. It is locked
 /// from a barrier until that checkpoint's files are written, so that every
 /// snapshot knows whether the one before it was written: changes of a
-/// snapshot whose file was never written go into the next one again.
+/// snapshot whose file was never written go into the next one again. A
+/// barrier that finds it still locked takes a whole snapshot outside the
+/// chains.
 #[derive(Clone)]
 pub struct Incremental {
     run_id: String,
@@ -489,10 +491,13 @@ impl Subtask {
         let mut chains = None;
         match &self.incremental {
             Some(inc) if !barrier.savepoint => {
-                let guard = inc.chains.clone().lock_owned().await;
+                // The previous checkpoint's files still being written (a slow
+                // disk), this one is whole and outside the chains rather
+                // than make the subtask wait.
+                let guard = inc.chains.clone().try_lock_owned().ok();
                 for op in &mut self.operators {
                     if op.is_incremental() {
-                        let chain = guard.get(op.id()).cloned().unwrap_or_default();
+                        let chain = guard.as_ref().and_then(|g| g.get(op.id()).cloned()).unwrap_or_default();
                         let full = chain.wants_full();
                         if let Some((batch, generation)) = op.snapshot_changed_after(if full { None } else { chain.covered })? {
                             changes.push((op.id().to_string(), batch, full, generation, chain));
@@ -573,7 +578,9 @@ impl Subtask {
                     next.files.push(file);
                     next.covered = Some(generation);
                     operators.push((op.clone(), OperatorSubtaskState { subtask: index, inline: None, file: None, shared: next.files.clone() }));
-                    guard.insert(op, next);
+                    if let Some(guard) = &mut guard {
+                        guard.insert(op, next);
+                    }
                 }
             }
             for (op, batch) in keyed {

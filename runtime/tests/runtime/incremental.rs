@@ -42,6 +42,16 @@ fn chains(meta: &serde_json::Value, op: &str) -> Vec<Vec<(String, u64)>> {
         .unwrap_or_default()
 }
 
+/// Checks that `shared/` holds exactly the files the retained checkpoints name.
+fn assert_shared_files_are_the_referenced_ones(job: &Job) {
+    let named: HashSet<String> = retained(job).values().flat_map(|m| chains(m, "running_count-0")).flatten().map(|(n, _)| n).collect();
+    assert!(!named.is_empty(), "no retained checkpoint names a shared file");
+    let present = shared_files(job);
+    let left: Vec<_> = present.difference(&named).collect();
+    let missing: Vec<_> = named.difference(&present).collect();
+    assert!(left.is_empty() && missing.is_empty(), "shared files no retained checkpoint names: {left:?}; named but missing: {missing:?}");
+}
+
 fn shared_files(job: &Job) -> HashSet<String> {
     std::fs::read_dir(job.path("state/eo-test/shared")).map(|d| d.flatten().map(|f| f.file_name().to_string_lossy().into_owned()).collect()).unwrap_or_default()
 }
@@ -75,9 +85,7 @@ fn incremental_checkpoints_write_only_the_changed_keys_and_share_the_rest() {
     job.assert_exactly_once();
     // Reference counting: what is left in shared/ is exactly what the
     // retained checkpoints name, and every file they name is there.
-    let named: HashSet<String> = retained(&job).values().flat_map(|m| chains(m, "running_count-0")).flatten().map(|(n, _)| n).collect();
-    assert!(!named.is_empty());
-    assert_eq!(shared_files(&job), named, "shared files not referenced, or referenced and missing");
+    assert_shared_files_are_the_referenced_ones(&job);
 }
 
 #[test]
@@ -89,8 +97,8 @@ fn incremental_checkpoints_keep_exactly_once_under_worker_kills() {
     assert!(out.status.success(), "weir run failed:\n{}", stderr(&out));
     assert!(kills >= 2, "only {kills} kills happened before the job ended");
     job.assert_exactly_once();
-    let named: HashSet<String> = retained(&job).values().flat_map(|m| chains(m, "running_count-0")).flatten().map(|(n, _)| n).collect();
-    assert_eq!(shared_files(&job), named, "shared files left behind by the killed runs");
+    // Nothing of the killed runs is left behind.
+    assert_shared_files_are_the_referenced_ones(&job);
 }
 
 #[test]
@@ -98,4 +106,5 @@ fn incremental_checkpoints_restored_at_another_parallelism_after_tree_kills_keep
     let job = counting(3, 150_000, 20_000, 30_000);
     kill_trees_then_restore_latest(&job, 600..1200, Some("2"));
     job.assert_exactly_once();
+    assert_shared_files_are_the_referenced_ones(&job);
 }
