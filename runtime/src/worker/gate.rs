@@ -458,11 +458,7 @@ impl InputGate {
                 return Ok(Some(self.start_recording(b)));
             }
             // Aligning, with a timeout counted from the first news of it.
-            if !self
-                .announced
-                .as_ref()
-                .is_some_and(|a| a.checkpoint_id == b.checkpoint_id)
-            {
+            if self.announced.as_ref().is_none_or(|a| a.checkpoint_id != b.checkpoint_id) {
                 self.announce(b.clone());
             }
         }
