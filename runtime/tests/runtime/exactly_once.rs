@@ -8,11 +8,7 @@ use crate::common::*;
 
 fn worker_kills_keep_exactly_once(parallelism: u32) {
     let job = Job::counting(parallelism, 120_000, 97, 30_000, "150ms");
-    let mut child = job.spawn(&[]);
-    let kills = kill_workers_while_running(&job, &mut child, 4);
-    let out = wait_with_timeout(child, Duration::from_secs(180));
-    assert!(out.status.success(), "weir run failed:\n{}", stderr(&out));
-    assert!(kills >= 2, "only {kills} kills happened before the job ended");
+    let out = run_with_worker_kills(&job, 4, |_| {});
     let err = stderr(&out);
     assert!(err.contains("restarting"), "no restart was reported:\n{err}");
     job.assert_exactly_once();

@@ -4,7 +4,6 @@
 //! (`WEIR_SLOW_SINK` slows the sink's stage down), and under backpressure
 //! the checkpoints really hold records that were in flight.
 
-use std::process::Output;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
@@ -36,29 +35,19 @@ fn latest_holds_records_in_flight(job: &Job) -> bool {
     job.latest().is_some_and(|latest| holds_records_in_flight(std::path::Path::new(latest.trim_start_matches("file://"))))
 }
 
-/// Runs the job and, once `must_hold_in_flight` some checkpoint holds
-/// records in flight (asserted), kills a worker `kills` times at random
-/// moments; returns the output of the run, which must succeed.
-pub fn worker_kills(job: &Job, kills: usize, must_hold_in_flight: bool) -> Output {
-    let mut child = job.spawn(&[]);
-    if must_hold_in_flight {
-        let until = Instant::now() + Duration::from_secs(30);
-        while checkpoints_with_records_in_flight(job) == 0 && Instant::now() < until && child.try_wait().unwrap().is_none() {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        assert!(checkpoints_with_records_in_flight(job) > 0, "no checkpoint held records in flight");
+/// Waits until a checkpoint of the running job holds records in flight (asserted).
+pub fn wait_for_records_in_flight(job: &Job, child: &mut std::process::Child) {
+    let until = Instant::now() + Duration::from_secs(30);
+    while checkpoints_with_records_in_flight(job) == 0 && Instant::now() < until && child.try_wait().unwrap().is_none() {
+        std::thread::sleep(Duration::from_millis(50));
     }
-    let done = kill_workers_while_running(job, &mut child, kills);
-    let out = wait_with_timeout(child, Duration::from_secs(240));
-    assert!(out.status.success(), "weir run failed:\n{}", stderr(&out));
-    assert!(done >= 2, "only {done} kills happened before the job ended");
-    out
+    assert!(checkpoints_with_records_in_flight(job) > 0, "no checkpoint held records in flight");
 }
 
 #[test]
 fn unaligned_checkpoints_keep_the_running_count_exactly_once_under_worker_kills() {
     let job = counting(3, 120_000, 30_000, "  mode: unaligned\n", None);
-    let out = worker_kills(&job, 4, false);
+    let out = run_with_worker_kills(&job, 4, |_| {});
     assert!(stderr(&out).contains("unaligned checkpoints every 150ms"), "{}", stderr(&out));
     job.assert_exactly_once();
 }
@@ -66,14 +55,14 @@ fn unaligned_checkpoints_keep_the_running_count_exactly_once_under_worker_kills(
 #[test]
 fn unaligned_checkpoints_under_backpressure_hold_records_in_flight_and_keep_exactly_once_under_worker_kills() {
     let job = counting(2, 100_000, 0, "  mode: unaligned\n", Some("10ms"));
-    worker_kills(&job, 3, true);
+    run_with_worker_kills(&job, 3, |child| wait_for_records_in_flight(&job, child));
     job.assert_exactly_once();
 }
 
 #[test]
 fn aligned_checkpoints_with_an_alignment_timeout_turn_unaligned_under_backpressure_and_keep_exactly_once_under_worker_kills() {
     let job = counting(2, 100_000, 0, "  alignment_timeout: 20ms\n", Some("10ms"));
-    let out = worker_kills(&job, 3, true);
+    let out = run_with_worker_kills(&job, 3, |child| wait_for_records_in_flight(&job, child));
     let err = stderr(&out);
     assert!(err.contains("aligned checkpoints every 150ms, unaligned when aligning takes over 20ms"), "{err}");
     job.assert_exactly_once();

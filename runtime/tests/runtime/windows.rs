@@ -77,11 +77,7 @@ fn tumbling_windows_over_out_of_order_events_fire_once_each_without_failures() {
 #[test]
 fn tumbling_windows_survive_worker_kills_exactly_once() {
     let job = windowed(3, 60_000, 30, 15_000);
-    let mut child = job.spawn(&[]);
-    let kills = kill_workers_while_running(&job, &mut child, 4);
-    let out = wait_with_timeout(child, Duration::from_secs(180));
-    assert!(out.status.success(), "weir run failed:\n{}", stderr(&out));
-    assert!(kills >= 2, "only {kills} kills happened before the job ended");
+    let out = run_with_worker_kills(&job, 4, |_| {});
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
     assert_eq!(summary["records_late"], 0, "records were late after a restore: {summary}\n{}", stderr(&out));
     assert_every_window_once(&job);
@@ -92,7 +88,7 @@ fn tumbling_windows_survive_worker_kills_exactly_once() {
 fn windows_survive_worker_kills_with(checkpoint: &str, slow: &str) {
     let mut job = windowed_checkpointing(3, 40_000, 30, 0, checkpoint);
     job.env.push(("WEIR_SLOW_SINK".into(), slow.into()));
-    let out = crate::unaligned::worker_kills(&job, 3, true);
+    let out = run_with_worker_kills(&job, 3, |child| crate::unaligned::wait_for_records_in_flight(&job, child));
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
     assert_eq!(summary["records_late"], 0, "records were late after a restore: {summary}\n{}", stderr(&out));
     assert_every_window_once(&job);
@@ -208,11 +204,7 @@ fn expected_sessions(events: u64, keys: u64) -> BTreeMap<(i64, i64), (i64, i64, 
 #[test]
 fn session_windows_survive_worker_kills_exactly_once() {
     let job = sessions_job(3, 60_000, 30, 15_000);
-    let mut child = job.spawn(&[]);
-    let kills = kill_workers_while_running(&job, &mut child, 4);
-    let out = wait_with_timeout(child, Duration::from_secs(180));
-    assert!(out.status.success(), "weir run failed:\n{}", stderr(&out));
-    assert!(kills >= 2, "only {kills} kills happened before the job ended");
+    let out = run_with_worker_kills(&job, 4, |_| {});
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
     assert_eq!(summary["records_late"], 0, "{summary}");
     let mut committed: BTreeMap<(i64, i64), Vec<(i64, i64, i64, i64)>> = BTreeMap::new();

@@ -351,6 +351,19 @@ pub fn rand_suffix() -> String {
 
 /// Kills a random worker of the current run `kills` times, at random moments;
 /// every other kill waits for a checkpoint to be in progress first.
+/// Runs the job, lets `before_kills` look at it first, kills a worker
+/// `kills` times at random moments ([`kill_workers_while_running`]), and
+/// checks that the job then finished after at least two of them.
+pub fn run_with_worker_kills(job: &Job, kills: usize, before_kills: impl FnOnce(&mut Child)) -> Output {
+    let mut child = job.spawn(&[]);
+    before_kills(&mut child);
+    let done = kill_workers_while_running(job, &mut child, kills);
+    let out = wait_with_timeout(child, Duration::from_secs(240));
+    assert!(out.status.success(), "weir run failed:\n{}", stderr(&out));
+    assert!(done >= 2, "only {done} kills happened before the job ended");
+    out
+}
+
 pub fn kill_workers_while_running(job: &Job, child: &mut std::process::Child, kills: usize) -> usize {
     use rand::Rng;
     let mut rng = rand::rng();
