@@ -3,6 +3,7 @@
 //! stops the others and restores the whole job from the latest completed
 //! checkpoint, with backoff. It also draws the progress line.
 
+pub(crate) mod listeners;
 mod progress;
 mod run_info;
 mod run_lease;

@@ -1,6 +1,6 @@
 //! The restart loop of `weir run`.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
+use super::listeners::Listeners;
 use super::progress::Progress;
 use super::run_info::RunInfo;
 use super::run_lease::RunLease;
@@ -61,8 +62,9 @@ pub fn load_pipeline(path: &std::path::Path, parallelism: Option<u32>) -> Result
     Ok((spec, src))
 }
 
+#[cfg(test)]
 fn free_addr() -> Result<SocketAddr> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(Error::io("finding a free port"))?;
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(Error::io("finding a free port"))?;
     l.local_addr().map_err(Error::io("finding a free port"))
 }
 
@@ -186,11 +188,13 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
     let mut attempt = 0u32;
     loop {
         let run_id = format!("{}{:02}", random_hex(4), attempt % 100);
+        // Held open until the workers have started: see `listeners`.
+        let mut listeners = Listeners::default();
         let cluster = Cluster {
             run_id: run_id.clone(),
-            workers: (0..workers).map(|_| free_addr()).collect::<Result<_>>()?,
-            coordinator: free_addr()?,
-            api: free_addr()?,
+            workers: (0..workers).map(|_| listeners.bind_free()).collect::<Result<_>>()?,
+            coordinator: listeners.bind_free()?,
+            api: listeners.bind_free()?,
         };
         let cluster_json = serde_json::to_string(&cluster).map_err(|e| Error::Job(e.to_string()))?;
         let exe = std::env::current_exe().map_err(Error::io("locating the weir binary"))?;
@@ -216,6 +220,12 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
                 .stdin(Stdio::null())
                 .kill_on_drop(true);
             let inherit: Vec<_> = locks.iter().map(|l| l.keep_across_exec()).collect();
+            let served = match i {
+                0 => vec![cluster.workers[0], cluster.coordinator, cluster.api],
+                _ => vec![cluster.workers[i as usize]],
+            };
+            let (inherited, keep_listeners) = listeners.for_worker(&served);
+            cmd.env(super::listeners::ENV, inherited);
             if let Some(loc) = &restore {
                 cmd.arg("--restore").arg(&loc.display);
             }
@@ -240,11 +250,12 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
                     for keep in &inherit {
                         keep()?;
                     }
-                    Ok(())
+                    keep_listeners()
                 });
             }
             children.push(cmd.spawn().map_err(Error::io(format!("starting worker {i}")))?);
         }
+        drop(listeners);
         let info = RunInfo {
             job: spec.name.clone(),
             supervisor_pid: std::process::id(),

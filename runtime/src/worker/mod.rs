@@ -533,7 +533,13 @@ async fn lost(rx: &mut mpsc::Receiver<String>) -> String {
     }
 }
 
-async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener> {
+/// Listens on `addr`: on the socket the local supervisor bound for it and
+/// handed over (see `local::listeners`), or else on a new one.
+pub(crate) async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener> {
+    if let Some(l) = crate::local::listeners::take(addr)? {
+        l.set_nonblocking(true).map_err(Error::io(format!("cannot listen on {addr}")))?;
+        return TcpListener::from_std(l).map_err(Error::io(format!("cannot listen on {addr}")));
+    }
     TcpListener::bind(addr).await.map_err(Error::io(format!("cannot listen on {addr}")))
 }
 
