@@ -16,5 +16,5 @@ pub mod streamjob;
 
 pub use pipeline::{
     BadLines, BadMessages, CheckpointMode, CheckpointSpec, FileSinkSpec, FileSourceSpec, GeneratorSpec, Guarantee,
-    KafkaSinkSpec, KafkaSourceSpec, PipelineError, PipelineSpec, PostgresMode, PostgresSinkSpec, SinkSpec, SocketSourceSpec, SourceSpec, Step, StepKind,
+    KafkaSinkSpec, KafkaSourceSpec, PipelineError, PipelineSpec, PostgresMode, PostgresSinkSpec, SinkContract, SinkSpec, SocketSourceSpec, SourceSpec, Step, StepKind,
 };

@@ -14,10 +14,18 @@
 //! `before-sink-commit` (the checkpoint completed, its transaction is not
 //! committed). Unaligned checkpoints add `mid-recording` (a subtask has
 //! snapshotted and is draining the records in flight towards it).
+//! The PostgreSQL sink adds, in `two-phase-commit` mode, `mid-transaction`
+//! (rows of the interval after checkpoint N's barrier are in the open
+//! transaction, not prepared) and `after-prepare` (checkpoint N's
+//! transaction is prepared, the subtask has not acknowledged); in
+//! `write-ahead-log` mode, `after-wal-write` (checkpoint N's entry and its
+//! acknowledgement are written in a transaction not yet committed) and
+//! `after-wal-commit` (committed, the log file not yet deleted).
 //!
 //! `WEIR_SLOW_SINK=<duration>` makes every subtask of the sink's stage wait
 //! that long before each batch it takes in: backpressure on demand, for
 //! tests and benchmarks of checkpoints under backpressure.
+//! `WEIR_SLOW_STAGE=<stage>:<duration>` does the same for another stage.
 
 use std::sync::OnceLock;
 
@@ -43,6 +51,18 @@ pub fn crash_point(point: &str, checkpoint_id: u64) {
     }
     eprintln!("fault injection: crashing at {point} of checkpoint {checkpoint_id}");
     std::process::abort();
+}
+
+/// How long a subtask of stage `stage` waits before each batch
+/// (`WEIR_SLOW_STAGE`); none when unset or set for another stage.
+pub fn slow_stage(stage: usize) -> Option<std::time::Duration> {
+    static SLOW: OnceLock<Option<(usize, std::time::Duration)>> = OnceLock::new();
+    let (slow, d) = (*SLOW.get_or_init(|| {
+        let text = std::env::var("WEIR_SLOW_STAGE").ok()?;
+        let (s, d) = text.split_once(':')?;
+        Some((s.parse().ok()?, weir_api::pipeline::HumanDuration::parse(d).ok()?.get()))
+    }))?;
+    (slow == stage).then_some(d)
 }
 
 /// How long a subtask of the sink's stage waits before each batch (`WEIR_SLOW_SINK`); none when unset.

@@ -98,6 +98,8 @@ pub struct WindowPlan {
     pub session_gap_ms: Option<i64>,
     pub allowed_lateness_ms: i64,
     pub aggregates: Vec<WindowAggPlan>,
+    /// Where late records go besides being counted (a file output).
+    pub late_records: Option<weir_api::FileSinkSpec>,
 }
 
 /// A compiled expression and the text it was written as, which errors
@@ -136,6 +138,28 @@ pub fn channel_state_id(stage: usize) -> String {
     format!("in-flight-{stage}")
 }
 
+/// The state id under which checkpoints keep the side output of window
+/// `op`'s late records (its pending files, like the sink's).
+pub fn late_records_id(op: &str) -> String {
+    format!("late-records-{op}")
+}
+
+impl JobPlan {
+    /// Every window of the plan with a late-records output: (stage,
+    /// position among the stage's operators, operator id, output).
+    pub fn late_records_outputs(&self) -> Vec<(usize, usize, String, weir_api::FileSinkSpec)> {
+        let mut out = Vec::new();
+        for (i, s) in self.stages.iter().enumerate() {
+            for (k, o) in s.operators.iter().enumerate() {
+                if let OperatorKind::Window(WindowPlan { late_records: Some(spec), .. }) = &o.kind {
+                    out.push((i, k, o.id.clone(), spec.clone()));
+                }
+            }
+        }
+        out
+    }
+}
+
 impl JobPlan {
     /// The columns stage `stage`'s input is partitioned by (the key of the
     /// exchange before it); `None` for the first stage.
@@ -158,6 +182,9 @@ impl JobPlan {
             for o in &s.operators {
                 if matches!(o.kind, OperatorKind::Running(_) | OperatorKind::Window(_)) {
                     ids.push(o.id.clone());
+                }
+                if let OperatorKind::Window(WindowPlan { late_records: Some(_), .. }) = &o.kind {
+                    ids.push(late_records_id(&o.id));
                 }
             }
         }
@@ -346,6 +373,7 @@ pub fn plan(spec: &PipelineSpec, src: &PipelineSource) -> Result<JobPlan> {
                         session_gap_ms: session_gap,
                         allowed_lateness_ms: w.allowed_lateness.get().as_millis() as i64,
                         aggregates,
+                        late_records: w.late_records.clone(),
                     }),
                     output_schema: schema.clone(),
                 });

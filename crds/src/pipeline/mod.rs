@@ -24,7 +24,7 @@ pub use kafka::{
     BadMessages, Isolation, KafkaSinkSpec, KafkaSourceSpec, StartPosition, StopPosition,
 };
 pub use postgres_sink::{PostgresMode, PostgresSinkSpec};
-pub use sink::{FileFormat, FileSinkSpec, Guarantee, SinkSpec};
+pub use sink::{FileFormat, FileSinkSpec, Guarantee, SinkContract, SinkSpec};
 pub use source::{
     BadLines, FieldType, FileSourceSpec, GeneratorSpec, SocketSourceSpec, SourceSpec,
 };
@@ -345,6 +345,23 @@ impl PipelineSpec {
             k.validate(src, self.checkpoint.interval, self.checkpoint.timeout)?;
         }
         step::validate_steps(&self.steps, src)?;
+        // Each late-records output needs a directory of its own: a sink
+        // cleaning up after a failure takes the files of its job in its
+        // directory for its own.
+        let same = |p: &str| p.trim_start_matches("./").trim_end_matches('/').to_string();
+        let mut outputs: Vec<(String, String)> = Vec::new();
+        if let SinkSpec::File(f) = &self.sink {
+            outputs.push((same(&f.path), "sink.file.path".into()));
+        }
+        for (i, s) in self.steps.iter().enumerate() {
+            if let StepKind::Window(WindowSpec { late_records: Some(late), .. }) = &s.kind {
+                let field = format!("steps[{i}].window.late_records.path");
+                if let Some((_, other)) = outputs.iter().find(|(o, _)| *o == same(&late.path)) {
+                    return Err(src.invalid(&field, format!("{:?} is also `{other}`: expected a directory of its own for late records", late.path)));
+                }
+                outputs.push((same(&late.path), field));
+            }
+        }
         if let Some(i) = self
             .steps
             .iter()
@@ -377,7 +394,11 @@ impl PipelineSpec {
         let sink = self.sink.guarantee();
         let effective = self.guarantee.min(source).min(sink);
         let reason = if effective == Guarantee::ExactlyOnce {
-            "the job asks for exactly-once, its source replays from checkpoints and its sink commits with them".to_string()
+            format!(
+                "the job asks for exactly-once, its source replays from checkpoints and its {} sink {}",
+                self.sink.kind(),
+                self.sink.contract().describe()
+            )
         } else if source == effective {
             format!(
                 "the {} source cannot replay what it read before a failure",
@@ -386,7 +407,7 @@ impl PipelineSpec {
         } else if self.guarantee == effective {
             format!("the job's `guarantee` setting asks for {effective}")
         } else {
-            format!("the {} sink is {effective}", self.sink.kind())
+            format!("the {} sink is {effective}: it {}", self.sink.kind(), self.sink.contract().describe())
         };
         (effective, reason)
     }

@@ -54,6 +54,39 @@ impl FileSinkSpec {
         self.max_file_bytes.unwrap_or(DEFAULT_MAX_FILE_BYTES)
     }
 
+    /// Checks the settings of a file output at `field` (`sink.file`, or a
+    /// window's `late_records`).
+    pub(super) fn validate(&self, src: &PipelineSource, field: &str) -> Result<(), PipelineError> {
+        if self.path.is_empty() {
+            return Err(src.invalid(&format!("{field}.path"), "expected a directory path or s3://BUCKET/PREFIX"));
+        }
+        if let Some((scheme, rest)) = self.path.split_once("://") {
+            if scheme != "s3" {
+                return Err(src.invalid(
+                    &format!("{field}.path"),
+                    format!("{:?}: unsupported scheme {scheme}://; expected a directory path or s3://BUCKET/PREFIX", self.path),
+                ));
+            }
+            let bucket = rest.split('/').next().unwrap_or_default();
+            if bucket.is_empty() || rest.contains(['?', '#', '@']) {
+                return Err(src.invalid(
+                    &format!("{field}.path"),
+                    format!("{:?}: expected s3://BUCKET/PREFIX (a bucket, then an optional prefix; no user, query or fragment)", self.path),
+                ));
+            }
+        }
+        if self.max_file_bytes == Some(0) {
+            return Err(src.invalid(&format!("{field}.max_file_bytes"), "expected a size in bytes above 0"));
+        }
+        if self.is_s3() && self.max_file_bytes() > MAX_S3_FILE_BYTES {
+            return Err(src.invalid(
+                &format!("{field}.max_file_bytes"),
+                format!("{} bytes is too big for s3:// output: expected at most {MAX_S3_FILE_BYTES} (4 GiB; S3 copies at most 5 GiB in one request)", self.max_file_bytes()),
+            ));
+        }
+        Ok(())
+    }
+
     /// The output is in S3 (`s3://…`) rather than in a directory.
     pub fn is_s3(&self) -> bool {
         self.path.starts_with("s3://")
@@ -78,6 +111,56 @@ pub enum FileFormat {
     /// One JSON object per line.
     #[default]
     Jsonl,
+}
+
+/// How a sink keeps its output consistent with the checkpoints: the
+/// textbook sink contracts. Every sink states one ([`SinkSpec::contract`])
+/// and its guarantee follows from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SinkContract {
+    /// Pre-commit at the barrier, commit when the checkpoint completes,
+    /// commit again harmlessly on recovery, abort what no completed
+    /// checkpoint references (the file sink, PostgreSQL `two-phase-commit`,
+    /// the exactly-once Kafka sink).
+    TwoPhaseCommit,
+    /// A checkpoint's records are kept with the checkpoint and written to
+    /// the target only once it completes, each write acknowledged durably
+    /// so that recovery neither loses nor repeats it (PostgreSQL
+    /// `write-ahead-log`).
+    WriteAheadLog,
+    /// Writes keyed so that replaying them converges (PostgreSQL `upsert`):
+    /// each key's final state exactly once, earlier versions at least once.
+    Idempotent,
+    /// Output is made durable at each barrier and visible at once: a replay
+    /// after a failure writes it again (at-least-once file and Kafka sinks).
+    FlushAtBarrier,
+    /// Output is written as it is produced (stdout): a replay writes it again.
+    WriteThrough,
+    /// Nothing leaves the job (blackhole), so nothing can be repeated.
+    Discard,
+}
+
+impl SinkContract {
+    pub fn guarantee(self) -> Guarantee {
+        match self {
+            SinkContract::TwoPhaseCommit | SinkContract::WriteAheadLog | SinkContract::Idempotent | SinkContract::Discard => Guarantee::ExactlyOnce,
+            SinkContract::FlushAtBarrier | SinkContract::WriteThrough => Guarantee::AtLeastOnce,
+        }
+    }
+
+    /// What the sink does, as the end of "its sink …" in a guarantee's reason.
+    pub fn describe(self) -> &'static str {
+        match self {
+            SinkContract::TwoPhaseCommit => "commits with the checkpoints (two-phase commit)",
+            SinkContract::WriteAheadLog => "writes each checkpoint's records once it completes (write-ahead log)",
+            SinkContract::Idempotent => {
+                "upserts on its key (idempotent writes): each key's final row is exactly-once, while an earlier version of a row may be seen again after a failure"
+            }
+            SinkContract::FlushAtBarrier => "publishes at each barrier, so a replay after a failure publishes again",
+            SinkContract::WriteThrough => "writes as it goes, so a replay after a failure writes again",
+            SinkContract::Discard => "discards every record",
+        }
+    }
 }
 
 /// Consistency levels, weakest first, so that `min` gives the weakest part.
@@ -119,20 +202,29 @@ impl SinkSpec {
         }
     }
 
-    pub fn guarantee(&self) -> Guarantee {
+    /// Which sink contract this sink follows; its guarantee follows from it.
+    pub fn contract(&self) -> SinkContract {
         match self {
-            SinkSpec::File(f) => f.guarantee,
-            // Upserts replay to the same final rows: exactly-once for each
-            // key's final row (the mode's doc says what a reader may see
-            // meanwhile).
+            SinkSpec::File(f) if f.guarantee == Guarantee::ExactlyOnce => SinkContract::TwoPhaseCommit,
+            SinkSpec::File(_) => SinkContract::FlushAtBarrier,
             SinkSpec::Postgres(p) => match p.mode {
-                PostgresMode::TwoPhaseCommit | PostgresMode::WriteAheadLog | PostgresMode::Upsert => Guarantee::ExactlyOnce,
+                PostgresMode::TwoPhaseCommit => SinkContract::TwoPhaseCommit,
+                PostgresMode::WriteAheadLog => SinkContract::WriteAheadLog,
+                PostgresMode::Upsert => SinkContract::Idempotent,
             },
-            SinkSpec::Kafka(k) => k.guarantee,
-            SinkSpec::Stdout(_) => Guarantee::AtLeastOnce,
-            // Nothing reaches an external system, so nothing can be duplicated.
-            SinkSpec::Blackhole(_) => Guarantee::ExactlyOnce,
+            // Kafka transactions are the two phases; the records of each
+            // interval are also logged with the checkpoint, so that a
+            // transaction another process left uncommitted can be written
+            // again (librdkafka cannot resume it).
+            SinkSpec::Kafka(k) if k.guarantee == Guarantee::ExactlyOnce => SinkContract::TwoPhaseCommit,
+            SinkSpec::Kafka(_) => SinkContract::FlushAtBarrier,
+            SinkSpec::Stdout(_) => SinkContract::WriteThrough,
+            SinkSpec::Blackhole(_) => SinkContract::Discard,
         }
+    }
+
+    pub fn guarantee(&self) -> Guarantee {
+        self.contract().guarantee()
     }
 
     pub(super) fn validate(&self, src: &PipelineSource) -> Result<(), PipelineError> {
@@ -140,33 +232,7 @@ impl SinkSpec {
             p.validate(src)?;
         }
         if let SinkSpec::File(f) = self {
-            if f.path.is_empty() {
-                return Err(src.invalid("sink.file.path", "expected a directory path or s3://BUCKET/PREFIX"));
-            }
-            if let Some((scheme, rest)) = f.path.split_once("://") {
-                if scheme != "s3" {
-                    return Err(src.invalid(
-                        "sink.file.path",
-                        format!("{:?}: unsupported scheme {scheme}://; expected a directory path or s3://BUCKET/PREFIX", f.path),
-                    ));
-                }
-                let bucket = rest.split('/').next().unwrap_or_default();
-                if bucket.is_empty() || rest.contains(['?', '#', '@']) {
-                    return Err(src.invalid(
-                        "sink.file.path",
-                        format!("{:?}: expected s3://BUCKET/PREFIX (a bucket, then an optional prefix; no user, query or fragment)", f.path),
-                    ));
-                }
-            }
-            if f.max_file_bytes == Some(0) {
-                return Err(src.invalid("sink.file.max_file_bytes", "expected a size in bytes above 0"));
-            }
-            if f.is_s3() && f.max_file_bytes() > MAX_S3_FILE_BYTES {
-                return Err(src.invalid(
-                    "sink.file.max_file_bytes",
-                    format!("{} bytes is too big for s3:// output: expected at most {MAX_S3_FILE_BYTES} (4 GiB; S3 copies at most 5 GiB in one request)", f.max_file_bytes()),
-                ));
-            }
+            f.validate(src, "sink.file")?;
         }
         Ok(())
     }

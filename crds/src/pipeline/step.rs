@@ -41,8 +41,9 @@ pub enum StepKind {
 /// `window_start`, `window_end` in epoch milliseconds, and the aggregates)
 /// once the watermark reaches `end - 1`. A record for a window that has
 /// fired and is older than `allowed_lateness` is late: dropped and counted
-/// (`records_late`); within the lateness it updates the window, which
-/// fires again with the new result.
+/// (`records_late`), and written to `late_records` when that is set; within
+/// the lateness it updates the window, which fires again with the new
+/// result.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WindowSpec {
@@ -62,6 +63,12 @@ pub struct WindowSpec {
     /// What each window computes: `- count: n`, `- sum: {field: v, as: total}`
     /// (and `min`, `max`, `avg`).
     pub aggregates: Vec<WindowAggregate>,
+    /// A side output for late records, as they came into the window step:
+    /// files under a directory or `s3://` prefix of their own, committed
+    /// with the job's checkpoints like the file sink (`{path: out/late,
+    /// format: jsonl}`). Without it late records are only counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub late_records: Option<super::FileSinkSpec>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -256,6 +263,9 @@ pub(super) fn validate_steps(steps: &[Step], src: &PipelineSource) -> Result<(),
                     if a.function().is_none() {
                         return Err(src.invalid(&format!("{field}.aggregates[{j}]"), "expected exactly one of count, sum, min, max, avg"));
                     }
+                }
+                if let Some(late) = &w.late_records {
+                    late.validate(src, &format!("{field}.late_records"))?;
                 }
             }
             kind if kind.is_keyed_aggregate() && !keyed => {

@@ -49,6 +49,28 @@ fn a_window_needs_exactly_one_kind_and_sane_sizes_each_error_naming_the_field() 
 }
 
 #[test]
+fn late_records_need_a_directory_of_their_own_each_error_naming_the_field() {
+    let job = |late: &str, sink: &str| {
+        parse(&format!(
+            "name: t\nevent_time: {{field: value}}\nsource:\n  generator: {{}}\nsteps:\n  - key_by: key\n  - window: {{tumbling: 1s, aggregates: [{{count: n}}], late_records: {late}}}\nsink:\n  {sink}\n"
+        ))
+    };
+    let spec = job("{path: out/late, format: jsonl}", "file: {path: out/eo}").unwrap();
+    let StepKind::Window(w) = &spec.steps[1].kind else { panic!("not a window") };
+    assert_eq!(w.late_records.as_ref().map(|l| l.path.as_str()), Some("out/late"));
+    for (late, sink, expected) in [
+        ("{path: out/eo/}", "file: {path: ./out/eo}", "steps[1].window.late_records.path: \"out/eo/\" is also `sink.file.path`"),
+        ("{path: \"\"}", "blackhole: {}", "steps[1].window.late_records.path: expected a directory path"),
+        ("{path: \"gs://b/late\"}", "blackhole: {}", "steps[1].window.late_records.path: \"gs://b/late\": unsupported scheme"),
+        ("{path: out/late, max_file_bytes: 0}", "blackhole: {}", "steps[1].window.late_records.max_file_bytes"),
+        ("{path: out/late, colour: red}", "blackhole: {}", "colour"),
+    ] {
+        let err = job(late, sink).unwrap_err().to_string();
+        assert!(err.contains(expected), "{late}: {err}");
+    }
+}
+
+#[test]
 fn defaults_fill_what_is_not_written() {
     let spec = parse(MINIMAL).unwrap();
     assert_eq!(spec.parallelism, 1);
@@ -167,6 +189,30 @@ fn the_effective_guarantee_is_the_weakest_part_and_says_which() {
     let (g, why) = spec("guarantee: at-most-once\n", "file: {path: out}").unwrap().guarantee_and_reason();
     assert_eq!(g, Guarantee::AtMostOnce);
     assert!(why.contains("`guarantee` setting asks for at-most-once"), "{why}");
+}
+
+#[test]
+fn every_sink_states_its_contract_and_the_reason_names_it() {
+    let spec = |sink: &str| parse(&format!("name: t\nsource:\n  generator: {{}}\nsink:\n  {sink}\n")).unwrap();
+    let pg = |mode: &str| format!("postgres: {{connection: host=db, table: t, mode: {mode}{}}}", if mode == "upsert" { ", key: [k]" } else { "" });
+    let cases = [
+        ("file: {path: out}".to_string(), SinkContract::TwoPhaseCommit, Guarantee::ExactlyOnce, "two-phase commit"),
+        ("file: {path: out, guarantee: at-least-once}".to_string(), SinkContract::FlushAtBarrier, Guarantee::AtLeastOnce, "publishes at each barrier"),
+        (pg("two-phase-commit"), SinkContract::TwoPhaseCommit, Guarantee::ExactlyOnce, "two-phase commit"),
+        (pg("write-ahead-log"), SinkContract::WriteAheadLog, Guarantee::ExactlyOnce, "write-ahead log"),
+        (pg("upsert"), SinkContract::Idempotent, Guarantee::ExactlyOnce, "each key's final row is exactly-once"),
+        ("kafka: {bootstrap_servers: b:9092, topic: t}".to_string(), SinkContract::TwoPhaseCommit, Guarantee::ExactlyOnce, "two-phase commit"),
+        ("kafka: {bootstrap_servers: b:9092, topic: t, guarantee: at-least-once}".to_string(), SinkContract::FlushAtBarrier, Guarantee::AtLeastOnce, "a replay after a failure publishes again"),
+        ("stdout: {}".to_string(), SinkContract::WriteThrough, Guarantee::AtLeastOnce, "writes as it goes"),
+        ("blackhole: {}".to_string(), SinkContract::Discard, Guarantee::ExactlyOnce, "discards"),
+    ];
+    for (sink, contract, guarantee, said) in cases {
+        let spec = spec(&sink);
+        assert_eq!(spec.sink.contract(), contract, "{sink}");
+        let (g, why) = spec.guarantee_and_reason();
+        assert_eq!(g, guarantee, "{sink}");
+        assert!(why.contains(said), "{sink}: {why}");
+    }
 }
 
 #[test]

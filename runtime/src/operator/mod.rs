@@ -19,6 +19,28 @@ use crate::plan::{CompiledExpr, OperatorKind, OperatorPlan};
 pub use running::RunningAggregate;
 pub use window::WindowAggregate;
 
+/// Keyed state copied at a barrier. Taking the copy is the synchronous part
+/// of a snapshot, the only one that holds up processing; [`Self::into_batch`]
+/// finishes it (key groups, Arrow arrays) in the snapshot's asynchronous
+/// task, beside encoding and writing.
+pub struct StateCopy(Box<dyn FnOnce() -> Result<RecordBatch> + Send>);
+
+impl StateCopy {
+    /// State already in its snapshot form.
+    pub fn ready(batch: RecordBatch) -> Self {
+        StateCopy(Box::new(move || Ok(batch)))
+    }
+
+    /// State whose snapshot batch `finish` makes from an owned copy.
+    pub fn deferred(finish: impl FnOnce() -> Result<RecordBatch> + Send + 'static) -> Self {
+        StateCopy(Box::new(finish))
+    }
+
+    pub fn into_batch(self) -> Result<RecordBatch> {
+        (self.0)()
+    }
+}
+
 pub enum Operator {
     Filter { id: String, step: String, predicate: CompiledExpr },
     Select { id: String, step: String, exprs: Vec<CompiledExpr>, schema: SchemaRef },
@@ -109,16 +131,25 @@ impl Operator {
         }
     }
 
+    /// A window's late records since the last call, for its late-records
+    /// output (none without one).
+    pub fn take_late_records(&mut self) -> Vec<RecordBatch> {
+        match self {
+            Operator::Window(w) => w.take_late_records(),
+            _ => Vec::new(),
+        }
+    }
+
     /// Whether the operator keeps keyed state in checkpoints.
     pub fn is_stateful(&self) -> bool {
         matches!(self, Operator::Running(_) | Operator::Window(_))
     }
 
     /// A copy of the keyed state, taken at the barrier; `None` when stateless.
-    pub fn snapshot(&self) -> Result<Option<RecordBatch>> {
+    pub fn snapshot(&self) -> Result<Option<StateCopy>> {
         match self {
-            Operator::Running(r) => r.snapshot().map(Some),
-            Operator::Window(w) => w.snapshot().map(Some),
+            Operator::Running(r) => r.copy_changed_after(None).map(Some),
+            Operator::Window(w) => w.snapshot().map(|b| Some(StateCopy::ready(b))),
             _ => Ok(None),
         }
     }
@@ -133,11 +164,11 @@ impl Operator {
     /// For an incremental operator: ends the current generation of changes
     /// (see [`RunningAggregate::cut`]) and returns the entries changed after
     /// generation `after` (all of them with `None`), and the generation cut.
-    pub fn snapshot_changed_after(&mut self, after: Option<u32>) -> Result<Option<(RecordBatch, u32)>> {
+    pub fn snapshot_changed_after(&mut self, after: Option<u32>) -> Result<Option<(StateCopy, u32)>> {
         match self {
             Operator::Running(r) => {
                 let generation = r.cut();
-                Ok(Some((r.snapshot_changed_after(after)?, generation)))
+                Ok(Some((r.copy_changed_after(after)?, generation)))
             }
             _ => Ok(None),
         }

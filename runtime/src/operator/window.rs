@@ -82,6 +82,9 @@ pub struct WindowAggregate {
     watermark: i64,
     /// Records dropped as late since the last call of `take_late`.
     late: u64,
+    /// With a late-records output: the late records since the last call of
+    /// `take_late_records`.
+    late_records: Option<Vec<RecordBatch>>,
 }
 
 impl WindowAggregate {
@@ -112,6 +115,7 @@ impl WindowAggregate {
             sessions: FastMap::default(),
             watermark: i64::MIN,
             late: 0,
+            late_records: plan.late_records.is_some().then(Vec::new),
         })
     }
 
@@ -122,6 +126,12 @@ impl WindowAggregate {
     /// Late records dropped since the last call.
     pub fn take_late(&mut self) -> u64 {
         std::mem::take(&mut self.late)
+    }
+
+    /// With a late-records output, the late records themselves since the
+    /// last call, as they came in.
+    pub fn take_late_records(&mut self) -> Vec<RecordBatch> {
+        self.late_records.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     fn is_dropped(&self, end: i64) -> bool {
@@ -135,6 +145,7 @@ impl WindowAggregate {
         let rows = self.converter.convert_columns(&key_columns).map_err(Error::arrow(format!("{}: keys", self.step)))?;
         let times = batch.column(self.plan.time_index).as_primitive::<Int64Type>();
         let mut refire: Vec<(WindowKey, Box<[u8]>)> = Vec::new();
+        let mut late_rows: Vec<u32> = Vec::new();
         for r in 0..batch.num_rows() {
             if times.is_null(r) {
                 return Err(Error::Record {
@@ -162,6 +173,11 @@ impl WindowAggregate {
             };
             if windows.is_empty() {
                 self.late += 1;
+                // Row indices are only worth keeping when a late output
+                // takes them; otherwise the record is counted and dropped.
+                if self.late_records.is_some() {
+                    late_rows.push(r as u32);
+                }
                 continue;
             }
             for w in windows {
@@ -181,6 +197,10 @@ impl WindowAggregate {
                     refire.push((w, key.clone()));
                 }
             }
+        }
+        if let (Some(late), false) = (&mut self.late_records, late_rows.is_empty()) {
+            let rows = UInt32Array::from(late_rows);
+            late.push(arrow::compute::take_record_batch(&batch, &rows).map_err(Error::arrow(format!("{}: late records", self.step)))?);
         }
         if refire.is_empty() {
             return Ok(None);

@@ -16,6 +16,7 @@
 pub mod gate;
 pub mod protocol;
 mod read_marks;
+mod snapshot;
 pub mod restore;
 mod start;
 pub mod subtask;
@@ -39,7 +40,7 @@ use crate::exchange::frame::{codec, decode_hello, encode_hello, FrameDecoder, Fr
 use crate::exchange::partition::Partitioner;
 use crate::exchange::{Barrier, Message, CHANNEL_CAPACITY};
 use crate::operator::Operator;
-use crate::plan::{JobPlan, StageOutput};
+use crate::plan::{JobPlan, OperatorKind, StageOutput, WindowPlan, SINK_ID};
 use crate::sink::{SinkRestore, SinkWriter};
 use crate::source::SourceReader;
 
@@ -49,9 +50,9 @@ use protocol::{framed, send, ToCoordinator, ToWorker};
 use restore::RestoreFrom;
 use start::restore_state;
 use gate::{Alignment, InputGate, Unaligning};
-use weir_api::Guarantee;
+use weir_api::{Guarantee, SinkSpec};
 use read_marks::ReadMarks;
-use subtask::{AtMostOnce, Counters, Incremental, Input, Notification, Output, ReadAhead, SourceClock, Subtask};
+use subtask::{AtMostOnce, Counters, Incremental, Input, LateRecords, Notification, Output, ReadAhead, SourceClock, Subtask};
 
 pub struct WorkerConfig {
     pub plan: Arc<JobPlan>,
@@ -183,6 +184,17 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     }
     let (notify_tx, _) = broadcast::channel::<Notification>(256);
     let mut sink_notifications: HashMap<u32, broadcast::Receiver<Notification>> = hosted.iter().map(|&j| (j, notify_tx.subscribe())).collect();
+    // Subtasks that write late records commit them as a sink does; those
+    // of stages other than the sink's hear of completions on their own.
+    let late_outputs = plan.late_records_outputs();
+    let mut late_notifications: HashMap<(usize, u32), broadcast::Receiver<Notification>> = HashMap::new();
+    for (stage, ..) in &late_outputs {
+        if !matches!(plan.stages[*stage].output, StageOutput::Sink) {
+            for &j in &hosted {
+                late_notifications.entry((*stage, j)).or_insert_with(|| notify_tx.subscribe());
+            }
+        }
+    }
     let (start_tx, start_rx) = oneshot::channel::<()>();
     let shutdown = Arc::new(Notify::new());
     let stopped = Arc::new(Notify::new());
@@ -364,7 +376,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     };
     // Subtask 0 of the sink cleans up after earlier attempts; it must keep
     // whatever any retained snapshot (or the restored one) still references.
-    let keep = if hosted.contains(&0) { Some(restore::referenced_sink_files(&storage, restored.as_ref()).await?) } else { None };
+    let keep = if hosted.contains(&0) { Some(restore::referenced_sink_files(&storage, restored.as_ref(), SINK_ID).await?) } else { None };
     // Alignment is what exactly-once costs; a job promising less skips it.
     let alignment = if spec.guarantee() == Guarantee::ExactlyOnce { Alignment::Aligned } else { Alignment::Tracked };
     let mut tasks = JoinSet::new();
@@ -387,13 +399,25 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                 Input::Gate(gate)
             };
             let mut operators = Vec::new();
+            let mut late_records = Vec::new();
             let mut schema = stage.input_schema.clone();
-            for op_plan in &stage.operators {
+            for (k, op_plan) in stage.operators.iter().enumerate() {
                 let mut op = Operator::new(op_plan, &schema, j, p, max_p)?;
                 if let (Some(r), true) = (&restored, op.is_stateful()) {
                     for (batch, changes) in r.keyed_batches(op_plan.id.as_str(), j, p).await? {
                         op.restore(&batch, &r.location.display, changes)?;
                     }
+                }
+                if let OperatorKind::Window(WindowPlan { late_records: Some(output), .. }) = &op_plan.kind {
+                    let state_id = crate::plan::late_records_id(&op_plan.id);
+                    let states = match &restored {
+                        Some(r) => r.sink_states_of(&state_id)?,
+                        None => Vec::new(),
+                    };
+                    let keep = if j == 0 { Some(restore::referenced_sink_files(&storage, restored.as_ref(), &state_id).await?) } else { None };
+                    let restore = SinkRestore { mine: states.iter().filter(|(old, _)| old % p == j).map(|(_, s)| s.clone()).collect(), keep: keep.as_ref() };
+                    let sink = SinkWriter::open(&SinkSpec::File(output.clone()), &schema, job_id, j, &cluster.run_id, restore, &cfg.base_dir, &storage).await?;
+                    late_records.push(LateRecords { operator: k, state_id, sink });
                 }
                 schema = op_plan.output_schema.clone();
                 operators.push(op);
@@ -425,11 +449,14 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                 at_most_once: at_most_once.then(|| AtMostOnce { flush_every: spec.checkpoint.interval.get() }),
                 clock: if stage_index == 0 { plan.event_time.clone().map(SourceClock::new) } else { None },
                 incremental: (spec.checkpoint.incremental && !at_most_once).then(|| Incremental::new(&cluster.run_id)),
+                late_records,
+                late_notifications: late_notifications.remove(&(stage_index, j)),
             };
             tasks.spawn(subtask.run());
         }
     }
     drop(sink_notifications);
+    drop(late_notifications);
     tracing::info!(worker = index, subtasks = tasks.len(), "worker running");
     let _ = to_coord.send(ToCoordinator::Running);
 
@@ -516,8 +543,12 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     if ending == "finished" && index == 0 {
         // Retention ran before the final commit: what it deleted no longer
         // protects in-progress files.
-        let keep = restore::referenced_sink_files(&storage, None).await?;
+        let keep = restore::referenced_sink_files(&storage, None, SINK_ID).await?;
         crate::sink::clean_up_after_finish(&spec.sink, job_id, &cluster.run_id, &keep, &cfg.base_dir, &storage).await?;
+        for (_, _, op, output) in &late_outputs {
+            let keep = restore::referenced_sink_files(&storage, None, &crate::plan::late_records_id(op)).await?;
+            crate::sink::clean_up_after_finish(&SinkSpec::File(output.clone()), job_id, &cluster.run_id, &keep, &cfg.base_dir, &storage).await?;
+        }
     }
     // Let the coordinator answer the last status requests of the supervisor.
     tokio::time::sleep(Duration::from_millis(100)).await;

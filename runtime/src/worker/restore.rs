@@ -105,6 +105,12 @@ impl RestoredState {
         self.inline_states(SINK_ID)
     }
 
+    /// Every old subtask's state of the output kept under `id` (the sink's,
+    /// or a window's late records'), with its old subtask index.
+    pub fn sink_states_of(&self, id: &str) -> Result<Vec<(u32, SinkState)>> {
+        self.inline_states(id)
+    }
+
     fn inline_states<T: for<'de> serde::Deserialize<'de>>(&self, op: &str) -> Result<Vec<(u32, T)>> {
         let mut out = Vec::new();
         for s in self.meta.operators.get(op).into_iter().flatten() {
@@ -200,14 +206,15 @@ impl RestoredState {
     }
 }
 
-/// The in-progress sink files that some snapshot may still commit: the
-/// pending files of every complete checkpoint and savepoint in `storage`,
-/// and of `restored` (which may live elsewhere). A snapshot whose metadata
-/// cannot be read is not restorable and keeps nothing.
-pub async fn referenced_sink_files(storage: &CheckpointStorage, restored: Option<&RestoredState>) -> Result<HashSet<String>> {
+/// The in-progress files of the output kept under state id `output` (the
+/// sink's, or a window's late records') that some snapshot may still
+/// commit: the pending files of every complete checkpoint and savepoint in
+/// `storage`, and of `restored` (which may live elsewhere). A snapshot
+/// whose metadata cannot be read is not restorable and keeps nothing.
+pub async fn referenced_sink_files(storage: &CheckpointStorage, restored: Option<&RestoredState>, output: &str) -> Result<HashSet<String>> {
     let mut keep = HashSet::new();
     let mut add = |meta: &CheckpointMetadata| {
-        for s in meta.operators.get(SINK_ID).into_iter().flatten() {
+        for s in meta.operators.get(output).into_iter().flatten() {
             if let Some(Ok(state)) = s.inline.as_ref().map(|v| serde_json::from_value::<SinkState>(v.clone())) {
                 keep.extend(state.referenced());
             }
@@ -225,7 +232,10 @@ pub async fn referenced_sink_files(storage: &CheckpointStorage, restored: Option
 }
 
 pub fn encode_state(batch: &RecordBatch) -> Result<Vec<u8>> {
-    let mut w = FileWriter::try_new(Vec::new(), &batch.schema()).map_err(Error::arrow("encoding state"))?;
+    // Sized for the batch up front: growing by doubling would copy tens of
+    // megabytes several times for a large state.
+    let capacity = batch.get_array_memory_size() + 64 * 1024;
+    let mut w = FileWriter::try_new(Vec::with_capacity(capacity), &batch.schema()).map_err(Error::arrow("encoding state"))?;
     w.write(batch).map_err(Error::arrow("encoding state"))?;
     w.finish().map_err(Error::arrow("encoding state"))?;
     w.into_inner().map_err(Error::arrow("encoding state"))

@@ -23,7 +23,8 @@ use tokio::sync::{broadcast, mpsc};
 use super::gate::{GateEvent, InputGate};
 use super::protocol::ToCoordinator;
 use super::read_marks::ReadMarks;
-use super::restore::encode_state;
+pub use super::snapshot::Incremental;
+use super::snapshot::{Changes, Chains, SnapshotWrite};
 use crate::checkpoint::{CheckpointStorage, OperatorSubtaskState, SubtaskAck};
 use crate::error::{Error, Result};
 use crate::exchange::partition::Partitioner;
@@ -131,47 +132,6 @@ impl SourceClock {
     }
 }
 
-/// Incremental checkpoints: per stateful operator of the subtask, the
-/// chain of shared state files its next checkpoint builds on. It is locked
-/// from a barrier until that checkpoint's files are written, so that every
-/// snapshot knows whether the one before it was written: changes of a
-/// snapshot whose file was never written go into the next one again. A
-/// barrier that finds it still locked takes a whole snapshot outside the
-/// chains.
-#[derive(Clone)]
-pub struct Incremental {
-    run_id: String,
-    chains: Arc<tokio::sync::Mutex<std::collections::HashMap<String, Chain>>>,
-}
-
-impl Incremental {
-    pub fn new(run_id: &str) -> Incremental {
-        Incremental { run_id: run_id.to_string(), chains: Default::default() }
-    }
-}
-
-#[derive(Clone, Default)]
-struct Chain {
-    /// A full snapshot, then files of changes, oldest first.
-    files: Vec<crate::checkpoint::StateFile>,
-    /// The generation of changes the last file covers.
-    covered: Option<u32>,
-    base_bytes: u64,
-    change_bytes: u64,
-}
-
-impl Chain {
-    /// At most this many files of changes follow a full snapshot: a restore
-    /// reads them all.
-    const MAX_CHANGES: usize = 16;
-
-    /// A new full snapshot is due: none yet, too many files of changes, or
-    /// changes as big as the full state (then a full one costs no more).
-    fn wants_full(&self) -> bool {
-        self.files.is_empty() || self.files.len() > Self::MAX_CHANGES || self.change_bytes >= self.base_bytes
-    }
-}
-
 /// What the coordinator tells sinks.
 #[derive(Debug, Clone)]
 pub enum Notification {
@@ -215,6 +175,16 @@ pub enum Output {
     Sink { sink: SinkWriter, notifications: broadcast::Receiver<Notification> },
 }
 
+/// A window's side output of late records: a file output written like the
+/// sink's, pre-committed at each barrier and committed when the checkpoint
+/// completes, its pending files kept in checkpoints under `state_id`.
+pub struct LateRecords {
+    /// The window's position among the subtask's operators.
+    pub operator: usize,
+    pub state_id: String,
+    pub sink: SinkWriter,
+}
+
 pub struct Subtask {
     pub stage: usize,
     pub index: u32,
@@ -230,6 +200,11 @@ pub struct Subtask {
     pub clock: Option<SourceClock>,
     /// Set when checkpoints are incremental.
     pub incremental: Option<Incremental>,
+    /// The late-records outputs of the subtask's windows.
+    pub late_records: Vec<LateRecords>,
+    /// Completed checkpoints, for a subtask that writes late records but
+    /// is not a sink subtask (a sink subtask hears of them on its output).
+    pub late_notifications: Option<broadcast::Receiver<Notification>>,
 }
 
 enum Event {
@@ -253,6 +228,12 @@ enum Event {
 impl Subtask {
     fn name(&self) -> String {
         format!("stage {} subtask {}", self.stage, self.index)
+    }
+
+    /// Whether the subtask commits output when checkpoints complete, and so
+    /// must see the final one complete before it ends.
+    fn commits(&self) -> bool {
+        matches!(self.output, Output::Sink { .. }) || !self.late_records.is_empty()
     }
 
     pub async fn run(mut self) -> Result<()> {
@@ -326,22 +307,25 @@ impl Subtask {
                     }
                 }
                 Event::Notification(n) => {
-                    if let Output::Sink { sink, .. } = &mut self.output {
-                        if let Notification::Complete(id) = n {
-                            // At-most-once sinks published at the barrier already.
-                            if self.at_most_once.is_none() {
-                                crate::fault::crash_point("before-commit", id);
+                    if let Notification::Complete(id) = n {
+                        // At-most-once sinks published at the barrier already.
+                        if self.at_most_once.is_none() {
+                            crate::fault::crash_point("before-commit", id);
+                            for late in &mut self.late_records {
+                                late.sink.commit(id).await?;
+                            }
+                            if let Output::Sink { sink, .. } = &mut self.output {
                                 sink.commit(id).await?;
                             }
-                            committed = committed.max(Some(id));
-                            if input_ended && final_barrier.is_some_and(|f| f <= id) {
-                                return Ok(());
-                            }
+                        }
+                        committed = committed.max(Some(id));
+                        if input_ended && final_barrier.is_some_and(|f| f <= id) {
+                            return Ok(());
                         }
                     }
                 }
             }
-            if input_ended && !matches!(self.output, Output::Sink { .. }) {
+            if input_ended && !self.commits() {
                 return Ok(());
             }
         }
@@ -350,7 +334,7 @@ impl Subtask {
     async fn next_event(&mut self, source_done: &mut bool, input_ended: bool, flush_at: Option<tokio::time::Instant>) -> Result<Event> {
         let notifications = match &mut self.output {
             Output::Sink { notifications, .. } => Some(notifications),
-            _ => None,
+            _ => self.late_notifications.as_mut(),
         };
         let input = &mut self.input;
         let counters = &self.counters;
@@ -437,6 +421,9 @@ impl Subtask {
         if let (Output::Sink { .. }, Some(d)) = (&self.output, crate::fault::slow_sink()) {
             tokio::time::sleep(d).await;
         }
+        if let Some(d) = crate::fault::slow_stage(self.stage) {
+            tokio::time::sleep(d).await;
+        }
         self.emit_from(0, batch).await
     }
 
@@ -450,6 +437,11 @@ impl Subtask {
         let late: u64 = self.operators.iter_mut().map(|op| op.take_late()).sum();
         if late > 0 {
             self.counters.records_late.fetch_add(late, Ordering::Relaxed);
+            for output in &mut self.late_records {
+                for records in self.operators[output.operator].take_late_records() {
+                    output.sink.write(&records).await?;
+                }
+            }
         }
         let Some(batch) = current else { return Ok(()) };
         match &mut self.output {
@@ -499,24 +491,30 @@ impl Subtask {
                     if op.is_incremental() {
                         let chain = guard.as_ref().and_then(|g| g.get(op.id()).cloned()).unwrap_or_default();
                         let full = chain.wants_full();
-                        if let Some((batch, generation)) = op.snapshot_changed_after(if full { None } else { chain.covered })? {
-                            changes.push((op.id().to_string(), batch, full, generation, chain));
+                        if let Some((copy, generation)) = op.snapshot_changed_after(if full { None } else { chain.covered })? {
+                            changes.push(Changes { op: op.id().to_string(), copy, full, generation, chain });
                         }
-                    } else if let Some(batch) = op.snapshot()? {
-                        keyed.push((op.id().to_string(), batch));
+                    } else if let Some(copy) = op.snapshot()? {
+                        keyed.push((op.id().to_string(), copy));
                     }
                 }
-                chains = Some((guard, inc.run_id.clone(), self.storage.dir(crate::checkpoint::storage::SHARED_DIR)));
+                chains = Some(Chains { guard, run_id: inc.run_id.clone(), dir: self.storage.dir(crate::checkpoint::storage::SHARED_DIR) });
             }
             _ => {
                 for op in &self.operators {
-                    if let Some(batch) = op.snapshot()? {
-                        keyed.push((op.id().to_string(), batch));
+                    if let Some(copy) = op.snapshot()? {
+                        keyed.push((op.id().to_string(), copy));
                     }
                 }
             }
         }
         let name = self.name();
+        for late in &mut self.late_records {
+            if let Some(state) = late.sink.pre_commit(barrier.checkpoint_id).await? {
+                let v = serde_json::to_value(state).map_err(|e| Error::Job(e.to_string()))?;
+                inline.push((late.state_id.clone(), OperatorSubtaskState { subtask: self.index, inline: Some(v), file: None, shared: Vec::new() }));
+            }
+        }
         match &mut self.output {
             Output::Sink { sink, .. } => {
                 if let Some(state) = sink.pre_commit(barrier.checkpoint_id).await? {
@@ -533,77 +531,21 @@ impl Subtask {
             }
         }
         // The asynchronous part: write state files, then acknowledge.
-        let dir = self.storage.dir(&barrier.dir);
-        let to_coordinator = self.to_coordinator.clone();
-        let (stage, index, id) = (self.stage, self.index, barrier.checkpoint_id);
-        tokio::spawn(async move {
-            let mut operators = inline;
-            let mut keyed = keyed;
-            if let Some(rx) = in_flight {
-                let Ok(batches) = rx.await else {
-                    let _ = to_coordinator.send(ToCoordinator::Decline { checkpoint_id: id, reason: format!("stage {stage} subtask {index}: the records in flight were not recorded") });
-                    return;
-                };
-                if let Some(first) = batches.first() {
-                    match arrow::compute::concat_batches(&first.schema(), &batches) {
-                        Ok(all) => keyed.push((crate::plan::channel_state_id(stage), all)),
-                        Err(e) => {
-                            let _ = to_coordinator.send(ToCoordinator::Decline {
-                                checkpoint_id: id,
-                                reason: format!("stage {stage} subtask {index}: {e}"),
-                            });
-                            return;
-                        }
-                    }
-                }
+        tokio::spawn(
+            SnapshotWrite {
+                checkpoint_id: barrier.checkpoint_id,
+                stage: self.stage,
+                subtask: self.index,
+                dir: self.storage.dir(&barrier.dir),
+                inline,
+                keyed,
+                changes,
+                chains,
+                in_flight,
+                to_coordinator: self.to_coordinator.clone(),
             }
-            if let Some((mut guard, run_id, shared)) = chains {
-                for (op, batch, full, generation, chain) in changes {
-                    let written = async {
-                        let bytes = encode_state(&batch)?;
-                        shared.put_state_file(&format!("{op}-{index}-{run_id}-chk{id}.arrow"), bytes).await
-                    }
-                    .await;
-                    let file = match written {
-                        Ok(file) => file,
-                        Err(e) => {
-                            let _ = to_coordinator.send(ToCoordinator::Decline { checkpoint_id: id, reason: format!("stage {stage} subtask {index}: {e}") });
-                            return;
-                        }
-                    };
-                    let mut next = if full { Chain { base_bytes: file.size, ..Chain::default() } } else { chain };
-                    if !full {
-                        next.change_bytes += file.size;
-                    }
-                    next.files.push(file);
-                    next.covered = Some(generation);
-                    operators.push((op.clone(), OperatorSubtaskState { subtask: index, inline: None, file: None, shared: next.files.clone() }));
-                    if let Some(guard) = &mut guard {
-                        guard.insert(op, next);
-                    }
-                }
-            }
-            for (op, batch) in keyed {
-                let written = async {
-                    let bytes = encode_state(&batch)?;
-                    dir.put_state_file(&format!("{op}-{index}.arrow"), bytes).await
-                }
-                .await;
-                match written {
-                    Ok(file) => operators.push((op, OperatorSubtaskState { subtask: index, inline: None, file: Some(file), shared: Vec::new() })),
-                    Err(e) => {
-                        let _ = to_coordinator.send(ToCoordinator::Decline { checkpoint_id: id, reason: format!("stage {stage} subtask {index}: {e}") });
-                        return;
-                    }
-                }
-            }
-            let _ = to_coordinator.send(ToCoordinator::Ack { checkpoint_id: id, ack: SubtaskAck { stage, subtask: index, operators } });
-            if stage > 0 {
-                // Let the ack leave the process before the crash.
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-                crate::fault::crash_point("after-ack", id);
-            }
-        });
+            .run(),
+        );
         Ok(())
     }
 
@@ -628,11 +570,19 @@ impl Subtask {
         Ok(())
     }
 
-    /// At-most-once: publishes what the sink holds, under a flush number of
-    /// this subtask's own (each sink's names stay unique within the run).
+    /// At-most-once: publishes what the sink and the windows' late-record
+    /// outputs hold, under a flush number of this subtask's own (each
+    /// output's names stay unique within the run).
     async fn flush_sink(&mut self, flushes: &mut u64) -> Result<()> {
+        if !self.commits() {
+            return Ok(());
+        }
+        *flushes += 1;
+        for late in &mut self.late_records {
+            late.sink.pre_commit(*flushes).await?;
+            late.sink.commit(*flushes).await?;
+        }
         if let Output::Sink { sink, .. } = &mut self.output {
-            *flushes += 1;
             sink.pre_commit(*flushes).await?;
             sink.commit(*flushes).await?;
         }
@@ -734,3 +684,4 @@ mod tests {
         assert_eq!(c.after(&times(&[200]), RowSplits::All("a".into()), &active), Some(189), "b never read, idle now");
     }
 }
+

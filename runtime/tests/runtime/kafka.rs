@@ -104,6 +104,7 @@ fn a_crash_after_the_progress_marker_before_its_log_entry_aborts_that_transactio
 
 #[test]
 fn a_crash_in_the_sink_before_it_commits_a_completed_checkpoint_keeps_exactly_once() {
+    kafka_to_kafka_crash_at("after-complete");
     kafka_to_kafka_crash_at("before-sink-commit");
     kafka_to_kafka_crash_at("before-commit");
 }

@@ -17,6 +17,7 @@ mod lifecycle;
 mod lifecycle_paths;
 mod pipelines;
 mod pod_mode;
+mod postgres_crash_points;
 mod postgres_sink;
 mod postgres_tls;
 mod s3_storage;

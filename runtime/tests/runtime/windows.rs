@@ -83,6 +83,17 @@ fn tumbling_windows_survive_worker_kills_exactly_once() {
     assert_every_window_once(&job);
 }
 
+#[test]
+fn tumbling_windows_survive_worker_kills_exactly_once_with_unaligned_checkpoints() {
+    // No backpressure: unaligned snapshots then find few records in flight,
+    // and the watermark's progress, not a queue, decides what fires.
+    let job = windowed_checkpointing(3, 60_000, 30, 15_000, "  mode: unaligned\n");
+    let out = run_with_worker_kills(&job, 4, |_| {});
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    assert_eq!(summary["records_late"], 0, "records were late after a restore: {summary}\n{}", stderr(&out));
+    assert_every_window_once(&job);
+}
+
 /// Worker kills of a windowed job whose sink stage is slowed down by
 /// `slow` per batch, with `checkpoint` settings.
 fn windows_survive_worker_kills_with(checkpoint: &str, slow: &str) {
@@ -113,7 +124,7 @@ fn late_records_are_counted_and_dropped_or_within_the_lateness_fire_the_window_a
     let lines = [(1, 100), (1, 900), (1, 1500), (1, 950), (1, 2700), (1, 10)];
     let job = Job::with_pipeline(
         "name: eo-test\nevent_time:\n  field: t\nsource:\n  file:\n    path: in.jsonl\n    schema: {key: int64, t: int64}\n    batch_size: 1\n\
-steps:\n  - key_by: key\n  - window:\n      tumbling: 1s\n      allowed_lateness: 600ms\n      aggregates:\n        - count: n\n        - min: {field: t, as: first}\n\
+steps:\n  - key_by: key\n  - window:\n      tumbling: 1s\n      allowed_lateness: 600ms\n      aggregates:\n        - count: n\n        - min: {field: t, as: first}\n      late_records: {path: out/late, format: jsonl}\n\
 sink:\n  file:\n    path: out/eo\n    format: jsonl\n",
         0,
         0,
@@ -132,6 +143,98 @@ sink:\n  file:\n    path: out/eo\n    format: jsonl\n",
         .collect();
     got.sort();
     assert_eq!(got, vec![(0, 2, 100), (0, 3, 100), (1000, 1, 1500), (2000, 1, 2700)]);
+    // The dropped record, whole, in the late-records output.
+    assert_eq!(job.committed_lines_in("out/late"), vec![serde_json::json!({"key": 1, "t": 10})]);
+}
+
+/// Two files of events one millisecond apart per line, five keys, with a
+/// straggler 1.5 s behind every 41st line: late or not depending on how
+/// far the window's watermark (the slower file's) has come.
+fn stragglers(job: &Job, lines: i64) -> BTreeMap<(i64, i64), i64> {
+    std::fs::create_dir_all(job.path("in")).unwrap();
+    let mut expected: BTreeMap<(i64, i64), i64> = BTreeMap::new();
+    for f in 0..2 {
+        let mut text = String::new();
+        for i in 0..lines {
+            let mut line = |t: i64, id: i64| {
+                text.push_str(&format!("{{\"key\":{},\"t\":{t},\"f\":{f},\"id\":{id}}}\n", i % 5));
+                *expected.entry((i % 5, t - t % 1000)).or_default() += 1;
+            };
+            line(i, 2 * i);
+            if i >= 1500 && i % 41 == 0 {
+                line(i - 1500, 2 * i + 1);
+            }
+        }
+        std::fs::write(job.path(&format!("in/{f}.jsonl")), text).unwrap();
+    }
+    expected
+}
+
+/// A job whose window runs in a stage of its own (a key_by follows it), so
+/// that its late-records output commits with the checkpoints like a sink
+/// of a stage that is not the sink's; with the straggler input it expects.
+fn late_records_job() -> (Job, BTreeMap<(i64, i64), i64>) {
+    let job = Job::with_pipeline(
+        "name: eo-test\nparallelism: 2\nmax_parallelism: 8\ncheckpoint:\n  interval: 200ms\nevent_time:\n  field: t\n  max_out_of_orderness: 200ms\n\
+source:\n  file:\n    path: in\n    schema: {key: int64, t: int64, f: int64, id: int64}\n    batch_size: 16\n\
+steps:\n  - key_by: key\n  - window:\n      tumbling: 1s\n      aggregates:\n        - count: n\n      late_records: {path: out/late, format: jsonl}\n  - key_by: window_start\n\
+sink:\n  file:\n    path: out/eo\n    format: jsonl\n",
+        0,
+        0,
+    );
+    let expected = stragglers(&job, 30_000);
+    (job, expected)
+}
+
+/// Every record once: in its window's count, or in the late output.
+fn assert_every_record_counted_or_late_once(job: &Job, expected: &BTreeMap<(i64, i64), i64>) {
+    let mut windows: BTreeMap<(i64, i64), Vec<i64>> = BTreeMap::new();
+    for l in job.committed_lines() {
+        windows.entry((l["key"].as_i64().unwrap(), l["window_start"].as_i64().unwrap())).or_default().push(l["n"].as_i64().unwrap());
+    }
+    let twice: Vec<_> = windows.iter().filter(|(_, v)| v.len() > 1).take(5).collect();
+    assert!(twice.is_empty(), "windows committed more than once: {twice:?}");
+    let mut late: BTreeMap<(i64, i64), i64> = BTreeMap::new();
+    let mut seen = std::collections::HashSet::new();
+    let late_lines = job.committed_lines_in("out/late");
+    for l in &late_lines {
+        let (f, id, t) = (l["f"].as_i64().unwrap(), l["id"].as_i64().unwrap(), l["t"].as_i64().unwrap());
+        assert!(seen.insert((f, id)), "a late record committed twice: {l}");
+        *late.entry((l["key"].as_i64().unwrap(), t - t % 1000)).or_default() += 1;
+    }
+    assert!(late_lines.len() > 100, "only {} late records: the test does not test them", late_lines.len());
+    for (k, want) in expected {
+        let counted = windows.get(k).map_or(0, |v| v[0]);
+        let dropped = late.get(k).copied().unwrap_or(0);
+        assert_eq!(counted + dropped, *want, "window {k:?}: {counted} counted + {dropped} late");
+    }
+    assert!(windows.keys().chain(late.keys()).all(|k| expected.contains_key(k)), "output for a window without input");
+}
+
+#[test]
+fn late_records_go_to_their_output_exactly_once_under_worker_kills() {
+    let (mut job, expected) = late_records_job();
+    // The window's stage is slowed down so that the job lasts for the kills.
+    job.env.push(("WEIR_SLOW_STAGE".into(), "1:2ms".into()));
+    run_with_worker_kills(&job, 3, |_| {});
+    assert_every_record_counted_or_late_once(&job, &expected);
+}
+
+#[test]
+fn late_records_go_to_their_output_exactly_once_after_crashes_at_the_narrow_points() {
+    // Random kills rarely hit between a barrier and its completion, or
+    // between completion and commit; these crash points hit them.
+    for point in ["after-ack", "before-commit"] {
+        let (job, expected) = late_records_job();
+        let marker = job.path("fault-fired");
+        let mut cmd = job.command(&[]);
+        cmd.env("WEIR_FAULT", format!("{point}@3")).env("WEIR_FAULT_ONCE", &marker).env("WEIR_SLOW_STAGE", "1:1ms");
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{point}: {}", stderr(&out));
+        assert!(marker.exists(), "the fault at {point} never fired");
+        assert!(stderr(&out).contains("restarting"), "{point}: {}", stderr(&out));
+        assert_every_record_counted_or_late_once(&job, &expected);
+    }
 }
 
 #[test]
@@ -146,8 +249,18 @@ fn a_window_without_event_time_is_refused_naming_the_step() {
 }
 
 #[test]
-fn windows_checkpointed_at_parallelism_4_continue_at_2_and_then_at_6_exactly_once() {
-    let job = windowed(4, 60_000, 30, 15_000);
+fn windows_and_running_counts_checkpointed_at_parallelism_4_continue_at_2_and_then_at_6_exactly_once() {
+    // A running count after the window: a key's windows fire in order, so
+    // the one starting at s is its (s / 1000 + 1)-th, and a count lost or
+    // repeated in a rescale shows in every later window of the key.
+    let (events, keys) = (60_000, 30);
+    let yaml = format!(
+        "name: eo-test\nparallelism: 4\nmax_parallelism: 8\ncheckpoint:\n  interval: 200ms\nevent_time:\n  field: value\n  max_out_of_orderness: 200ms\n\
+source:\n  generator:\n    events: {events}\n    keys: {keys}\n    rate: 15000\n    batch_size: 16\n\
+steps:\n  - key_by: key\n  - window:\n      tumbling: 1s\n      aggregates:\n        - count: n\n        - sum: {{field: seq, as: total}}\n        - max: {{field: seq, as: last}}\n  - running_count: windows_so_far\n\
+sink:\n  file:\n    path: out/eo\n    format: jsonl\n"
+    );
+    let job = Job::with_pipeline(&yaml, events, keys);
     let mut args: Vec<&str> = Vec::new();
     for (round, parallelism) in ["2", "6"].into_iter().enumerate() {
         let child = job.spawn(&args);
@@ -165,6 +278,10 @@ fn windows_checkpointed_at_parallelism_4_continue_at_2_and_then_at_6_exactly_onc
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
     assert_eq!(summary["records_late"], 0, "{summary}");
     assert_every_window_once(&job);
+    for l in job.committed_lines() {
+        let (start, so_far) = (l["window_start"].as_i64().unwrap(), l["windows_so_far"].as_i64().unwrap());
+        assert_eq!(so_far, start / 1000 + 1, "the running count of key {}'s windows: {l}", l["key"]);
+    }
 }
 
 /// Sessions per key (gap 100 ms) over the generator with every third second

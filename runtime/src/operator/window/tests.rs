@@ -30,6 +30,7 @@ fn plan(size: i64, slide: i64, lateness: i64) -> WindowPlan {
         session_gap_ms: None,
         allowed_lateness_ms: lateness,
         aggregates: vec![agg(WindowFn::Count, None), agg(WindowFn::Sum, Some(2)), agg(WindowFn::Avg, Some(2))],
+        late_records: None,
     }
 }
 
@@ -77,6 +78,34 @@ fn a_sliding_window_counts_a_record_in_every_window_that_holds_it() {
         results(w.on_watermark(i64::MAX).unwrap()),
         vec![(1, 0, 10, 1, 1), (1, 5, 15, 2, 2), (1, 10, 20, 1, 1)]
     );
+}
+
+#[test]
+fn with_a_late_records_output_the_late_records_come_out_as_they_came_in() {
+    let mut p = plan(10, 10, 0);
+    p.late_records = Some(weir_api::FileSinkSpec { path: "late".into(), format: Default::default(), guarantee: weir_api::Guarantee::ExactlyOnce, max_file_bytes: None });
+    let mut w = window(&p, 0, 1);
+    w.process(batch(&[(1, 3, 1)])).unwrap();
+    w.on_watermark(10).unwrap();
+    w.process(batch(&[(1, 5, 100), (2, 12, 7), (3, 9, 300)])).unwrap();
+    assert_eq!(w.take_late(), 2);
+    let late = w.take_late_records();
+    let rows: Vec<(i64, i64, i64)> = late
+        .iter()
+        .flat_map(|b| {
+            let col = |i: usize| b.column(i).as_primitive::<Int64Type>().values().to_vec();
+            let (k, t, v) = (col(0), col(1), col(2));
+            (0..b.num_rows()).map(move |r| (k[r], t[r], v[r]))
+        })
+        .collect();
+    assert_eq!(rows, vec![(1, 5, 100), (3, 9, 300)], "every late record whole, in input order; the one on time is not among them");
+    assert!(w.take_late_records().is_empty(), "taken once");
+    // Without the output nothing is kept.
+    let mut plain = window(&plan(10, 10, 0), 0, 1);
+    plain.on_watermark(10).unwrap();
+    plain.process(batch(&[(1, 5, 100)])).unwrap();
+    assert_eq!(plain.take_late(), 1);
+    assert!(plain.take_late_records().is_empty());
 }
 
 #[test]

@@ -47,6 +47,9 @@ pub struct TwoPhaseCommit {
     run_id: String,
     /// A transaction is open on `writer`.
     open: bool,
+    /// The checkpoint of the last barrier: the open transaction holds
+    /// records of the interval after it.
+    last_barrier: u64,
     /// Prepared, waiting for their checkpoint to complete.
     pending: Vec<PendingTransaction>,
 }
@@ -84,6 +87,7 @@ impl TwoPhaseCommit {
             subtask,
             run_id: run_id.to_string(),
             open: false,
+            last_barrier: 0,
             pending: Vec::new(),
         };
         // The restored checkpoint completed (its commit notification may
@@ -110,6 +114,9 @@ impl TwoPhaseCommit {
             .execute(&self.insert, &params(&arrays))
             .await
             .map_err(failed(format!("postgres sink: inserting {} rows into {}", batch.num_rows(), self.table.name)))?;
+        // Rows in an open transaction, not prepared: a crash here must
+        // leave nothing of them (the server rolls the transaction back).
+        crate::fault::crash_point("mid-transaction", self.last_barrier);
         Ok(())
     }
 
@@ -124,7 +131,11 @@ impl TwoPhaseCommit {
                 .map_err(failed(format!("postgres sink: preparing the transaction of checkpoint {checkpoint_id}")))?;
             self.open = false;
             self.pending.push(PendingTransaction { checkpoint: checkpoint_id, gid });
+            // Prepared but not acknowledged: the checkpoint cannot complete,
+            // so the restore must roll this transaction back.
+            crate::fault::crash_point("after-prepare", checkpoint_id);
         }
+        self.last_barrier = checkpoint_id;
         Ok(SinkState { transactions: self.pending.clone(), ..SinkState::default() })
     }
 

@@ -213,7 +213,14 @@ impl WriteAheadLog {
                     .await
                     .map_err(failed(format!("postgres sink: inserting {} rows of log entry {} into {}", batch.num_rows(), entry.id, self.table.name)))?;
             }
+            // The generic write-ahead log's duplicate window (written, not
+            // acknowledged): here the rows and their acknowledgement are
+            // in one uncommitted transaction, so a crash loses both.
+            crate::fault::crash_point("after-wal-write", entry.checkpoint);
             tx.commit().await.map_err(failed(context("committing")))?;
+            // Written and acknowledged, the log file not deleted: a restore
+            // finds the acknowledgement and skips the entry.
+            crate::fault::crash_point("after-wal-commit", entry.checkpoint);
         }
         self.log.delete(&entry.file.name).await
     }

@@ -268,8 +268,14 @@ impl Job {
             }
             return out;
         }
-        let dir = self.path("out/eo");
-        let Ok(entries) = std::fs::read_dir(&dir) else { return out };
+        self.committed_lines_in("out/eo")
+    }
+
+    /// The committed JSON lines of a local file output at `rel` (files
+    /// whose names begin with `.` are in progress, not committed).
+    pub fn committed_lines_in(&self, rel: &str) -> Vec<serde_json::Value> {
+        let mut out = Vec::new();
+        let Ok(entries) = std::fs::read_dir(self.path(rel)) else { return out };
         for e in entries.flatten() {
             if e.file_name().to_string_lossy().starts_with('.') {
                 continue;
