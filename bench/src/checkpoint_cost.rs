@@ -70,6 +70,8 @@ struct Workload {
 #[derive(Default)]
 struct Sample {
     records_per_s: f64,
+    /// CPU seconds of every process of the run per million records.
+    cpu_s_per_m: f64,
     durations_ms: Vec<f64>,
     sizes: Vec<u64>,
     checkpoints: u64,
@@ -85,6 +87,7 @@ fn run_once(o: &Options, w: &Workload) -> Result<Sample> {
     );
     std::fs::write(dir.join("p.yaml"), yaml)?;
     let t0 = Instant::now();
+    let cpu0 = super::children_cpu_seconds();
     let out = Command::new(&o.weir)
         .current_dir(&dir)
         .args(["run", "p.yaml", "--state-dir", "state"])
@@ -92,6 +95,7 @@ fn run_once(o: &Options, w: &Workload) -> Result<Sample> {
         .output()
         .context("running weir")?;
     let wall = t0.elapsed().as_secs_f64();
+    let cpu = super::children_cpu_seconds() - cpu0;
     if !out.status.success() {
         bail!("weir run failed: {}", String::from_utf8_lossy(&out.stderr));
     }
@@ -107,12 +111,12 @@ fn run_once(o: &Options, w: &Workload) -> Result<Sample> {
         .collect();
     let sizes = if w.incremental { written_per_checkpoint(&dir.join("state/cost/shared")) } else { checkpoint_sizes(&dir.join("state/cost/checkpoints")) };
     let _ = std::fs::remove_dir_all(&dir);
-    Ok(Sample { records_per_s: events as f64 / wall, durations_ms, sizes, checkpoints: summary["checkpoints"].as_u64().unwrap_or(0) })
+    Ok(Sample { records_per_s: events as f64 / wall, cpu_s_per_m: cpu / (events as f64 / 1e6), durations_ms, sizes, checkpoints: summary["checkpoints"].as_u64().unwrap_or(0) })
 }
 
 /// Incremental checkpoints: the bytes each checkpoint wrote, from the
 /// shared files still there (their names end in `-chk<id>.arrow`).
-fn written_per_checkpoint(shared: &Path) -> Vec<u64> {
+pub fn written_per_checkpoint(shared: &Path) -> Vec<u64> {
     let mut by_id: std::collections::BTreeMap<u64, u64> = Default::default();
     for f in std::fs::read_dir(shared).into_iter().flatten().flatten() {
         let name = f.file_name().to_string_lossy().into_owned();
@@ -164,18 +168,22 @@ pub fn run(o: &Options) -> Result<()> {
         o.rounds,
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
     );
-    println!("| workload | checkpoints | records/s (median) | throughput vs. off | checkpoints completed | duration p50 | duration p99 | duration max | written per checkpoint (median) |");
-    println!("|---|---|---|---|---|---|---|---|---|");
-    let mut base = 0.0;
+    println!("| workload | checkpoints | records/s (median) | throughput vs. off | CPU-s per million records (median) | CPU vs. off | checkpoints completed | duration p50 | duration p99 | duration max | written per checkpoint (median) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    // "vs. off" is the median over rounds of each round's ratio to the run
+    // without checkpoints just before it: the machine's speed drifts
+    // between rounds more than checkpoints change it.
+    let off = &samples[0];
+    let paired = |s: &[Sample], f: fn(&Sample) -> f64| super::median(s.iter().zip(off).map(|(x, o)| f(x) / f(o)).collect());
     for (w, s) in workloads.iter().zip(&samples) {
         let rate = super::median(s.iter().map(|x| x.records_per_s).collect());
-        let vs = if w.interval == "0s" {
-            base = rate;
-            "-".to_string()
+        let cpu = super::median(s.iter().map(|x| x.cpu_s_per_m).collect());
+        let (vs, cpu_vs) = if w.interval == "0s" {
+            ("-".to_string(), "-".to_string())
         } else if w.rate == 0 {
-            format!("{:+.1}%", (rate / base - 1.0) * 100.0)
+            (format!("{:+.1}%", (paired(s, |x| x.records_per_s) - 1.0) * 100.0), format!("{:+.1}%", (paired(s, |x| x.cpu_s_per_m) - 1.0) * 100.0))
         } else {
-            format!("(rate-limited to {}/s)", w.rate)
+            (format!("(rate-limited to {}/s)", w.rate), "-".to_string())
         };
         let mut durations: Vec<f64> = s.iter().flat_map(|x| x.durations_ms.iter().copied()).collect();
         let sizes = super::median(s.iter().flat_map(|x| x.sizes.iter().map(|b| *b as f64)).collect());
@@ -185,7 +193,7 @@ pub fn run(o: &Options) -> Result<()> {
         // its figures are not those of periodic checkpoints.
         let timing = if w.interval == "0s" { "- | - | - | -".to_string() } else { format!("{p50:.0} ms | {p99:.0} ms | {max:.0} ms | {:.1} MB", sizes / 1e6) };
         println!(
-            "| {} | {} | {:.0} | {vs} | {completed} | {timing} |",
+            "| {} | {} | {:.0} | {vs} | {cpu:.3} | {cpu_vs} | {completed} | {timing} |",
             w.name,
             match (w.interval, w.incremental) {
                 ("0s", _) => "off".to_string(),

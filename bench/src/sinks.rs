@@ -142,7 +142,7 @@ struct Sample {
     checkpoints: u64,
 }
 
-const SINKS: [&str; 7] = [
+const SINKS: [&str; 8] = [
     "file (local disk)",
     "postgres two-phase-commit",
     "postgres write-ahead-log",
@@ -150,9 +150,11 @@ const SINKS: [&str; 7] = [
     "kafka exactly-once",
     "kafka at-least-once",
     "kafka source → kafka exactly-once",
+    "kafka source → kafka at-least-once",
 ];
 
-/// The row that reads its input from Kafka instead of the generator.
+/// The first of the rows that read their input from Kafka instead of the
+/// generator (exactly-once, then at-least-once).
 const KAFKA_TO_KAFKA: usize = 6;
 
 fn run_once(weir: &PathBuf, o: &Options, pg: &Postgres, broker: &super::kafka::Broker, which: usize, round: usize) -> Result<Sample> {
@@ -165,7 +167,7 @@ fn run_once(weir: &PathBuf, o: &Options, pg: &Postgres, broker: &super::kafka::B
     if which >= 4 {
         broker.create_topic(&table, 2)?;
     }
-    let source = if which == KAFKA_TO_KAFKA {
+    let source = if which >= KAFKA_TO_KAFKA {
         let input = format!("{table}-in");
         broker.create_topic(&input, 2)?;
         broker.produce_events(&input, o.events, o.keys, 2)?;
@@ -230,7 +232,7 @@ pub fn run(o: &Options) -> Result<()> {
             samples[i].push(run_once(&weir, o, &pg, &broker, i, round)?);
         }
     }
-    println!("events per run: {}, keys: {}, parallelism 2, checkpoints every 1s to local disk, rounds: {}; PostgreSQL {} with durable commits and a one-node Kafka 4.4 broker (topics of 2 partitions) on the same machine; the Kafka → Kafka row reads the same events from a topic filled before the run", o.events, o.keys, o.rounds, pg.psql("bench", "SHOW server_version")?);
+    println!("events per run: {}, keys: {}, parallelism 2, checkpoints every 1s to local disk, rounds: {}; PostgreSQL {} with durable commits and a one-node Kafka 4.4 broker (topics of 2 partitions) on the same machine; the Kafka → Kafka rows read the same events from a topic filled before the run", o.events, o.keys, o.rounds, pg.psql("bench", "SHOW server_version")?);
     println!("| sink | records/s (wall, median) | checkpoints | throughput vs. file |");
     println!("|---|---|---|---|");
     let mut base = 0.0;
