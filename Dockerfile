@@ -1,7 +1,7 @@
 # weir's two images, for users with Docker, Podman or Buildah:
 #
-#   docker build --target weir            -t <registry>/weir:0.1.0 .
-#   docker build --target weir-controller -t <registry>/weir-controller:0.1.0 .
+#   docker build --target weir            --build-arg REVISION=$(git rev-parse HEAD) -t <registry>/weir:0.1.0 .
+#   docker build --target weir-controller --build-arg REVISION=$(git rev-parse HEAD) -t <registry>/weir-controller:0.1.0 .
 #
 # The same images as scripts/build-images (which builds them without a
 # container daemon, as the project's own tests do): the stripped release
@@ -11,7 +11,10 @@
 # See the README, "Container images", for pushing them and pointing the chart
 # and StreamJobs at them.
 
+# The crate version (scripts/build-images refuses to build when this default
+# and the workspace's version differ, so the two kinds of image agree).
 ARG VERSION=0.1.0
+ARG REVISION=unknown
 
 FROM docker.io/library/rust:1.94-bookworm AS build
 WORKDIR /src
@@ -26,10 +29,14 @@ RUN cargo build --release --locked --workspace --bin weir --bin weir-controller 
 # labels that do not depend on the binary.
 FROM gcr.io/distroless/cc-debian12:nonroot AS base
 ARG VERSION
+ARG REVISION
 USER 65532:65532
 WORKDIR /home/nonroot
 LABEL org.opencontainers.image.version="${VERSION}" \
-      org.opencontainers.image.licenses="Apache-2.0"
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.source="https://github.com/weir-dev/weir" \
+      org.opencontainers.image.base.name="gcr.io/distroless/cc-debian12:nonroot"
 
 FROM base AS weir
 COPY --from=build /out/weir /usr/local/bin/weir
