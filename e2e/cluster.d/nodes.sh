@@ -347,6 +347,41 @@ start_kubelet() { # node-index
 	name=$(node_name_of "$i")
 	start "kubelet-$i" "$K8S_BIN/kubelet" --config "$d/kubelet.yaml" --kubeconfig "$d/kubelet.kubeconfig" \
 		--root-dir "$d/kubelet" --cert-dir "$d/kubelet/pki" --hostname-override "$name" --node-ip "$(node_ip_of "$i")"
+	# The kubelet's device-plugin registration socket has a path compiled in
+	# (/var/lib/kubelet/device-plugins/kubelet.sock), not under --root-dir,
+	# so every kubelet on this host shares it. Each one empties the directory
+	# and then binds: two starting at once can both empty it before either
+	# binds, and the second bind fails with "address already in use" (the
+	# kubelet exits). Starting the next kubelet only once this one listens
+	# makes the order strict; the next one unlinks this socket (this kubelet
+	# keeps serving on its open listener, and no device plugin runs here).
+	wait_for "kubelet-$i to listen on the device-plugin socket" "kubelet-$i" \
+		device_plugin_socket_bound "kubelet-$i"
+}
+
+# Compiled into the kubelet (k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1),
+# not under --root-dir.
+KUBELET_SHARED_DIR=/var/lib/kubelet
+DEVICE_PLUGIN_SOCKET=$KUBELET_SHARED_DIR/device-plugins/kubelet.sock
+
+# After every kubelet of the cluster stopped: removes the shared directory
+# if `up` created it and no other kubelet on this host uses it, and else
+# at least the device-plugin socket when nothing listens on it any more.
+kubelet_shared_dir_down() {
+	if ss -xlpn 2>/dev/null | grep -qF "$DEVICE_PLUGIN_SOCKET"; then
+		return 0
+	fi
+	if [[ -f $state/owns-kubelet-shared-dir ]] && ! pgrep -x kubelet >/dev/null; then
+		rm -rf "$KUBELET_SHARED_DIR"
+	else
+		rm -f "$DEVICE_PLUGIN_SOCKET"
+	fi
+}
+
+device_plugin_socket_bound() { # component
+	local pid
+	pid=$(running_pid "$1") || return 1
+	ss -xlpn 2>/dev/null | grep -F "$DEVICE_PLUGIN_SOCKET" | grep -q "pid=$pid,"
 }
 
 node_ready() { # node-name

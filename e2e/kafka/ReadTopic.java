@@ -49,9 +49,19 @@ public class ReadTopic {
             Map<TopicPartition, Long> stable = consumer.endOffsets(partitions);
             try (KafkaConsumer<String, String> uncommitted = new KafkaConsumer<>(uncommittedConfig, new StringDeserializer(), new StringDeserializer())) {
                 Instant settle = Instant.now().plusSeconds(20);
-                while (!stable.equals(uncommitted.endOffsets(partitions)) && Instant.now().isBefore(settle)) {
+                Map<TopicPartition, Long> high = uncommitted.endOffsets(partitions);
+                while (!stable.equals(high) && Instant.now().isBefore(settle)) {
                     Thread.sleep(200);
                     stable = consumer.endOffsets(partitions);
+                    high = uncommitted.endOffsets(partitions);
+                }
+                // Said on stderr, so that a test can require none: a
+                // transaction left open by a killed writer holds back every
+                // read_committed reader of its partitions until it times out.
+                for (TopicPartition p : partitions) {
+                    if (!stable.get(p).equals(high.get(p))) {
+                        System.err.println("open transaction: partition " + p + " is stable up to offset " + stable.get(p) + " of " + high.get(p));
+                    }
                 }
             }
             Map<TopicPartition, Long> end = stable;
