@@ -239,7 +239,38 @@ impl Location {
         for o in objects.into_iter().filter(|o| Some(&o.location) != keep.as_ref()) {
             self.store.delete(&o.location).await.map_err(Error::storage(self.display.clone()))?;
         }
-        Ok(())
+        // The listing above hides the local store's staging files.
+        let Some(dir) = self.local.clone() else { return Ok(()) };
+        tokio::task::spawn_blocking(move || sweep_local_staging(&dir))
+            .await
+            .map_err(|e| Error::Job(format!("deleting {}: {e}", self.display)))?
+            .map_err(Error::io(format!("deleting {}", self.display)))
+    }
+
+    /// On local disk, the staging files directly in this directory (see
+    /// [`is_local_staging`]); none elsewhere.
+    pub async fn local_staging_files(&self) -> Result<Vec<String>> {
+        let Some(dir) = self.local.clone() else { return Ok(Vec::new()) };
+        tokio::task::spawn_blocking(move || -> std::io::Result<Vec<String>> {
+            match std::fs::read_dir(&dir) {
+                Ok(entries) => Ok(entries.flatten().filter_map(|e| e.file_name().into_string().ok()).filter(|n| is_local_staging(n)).collect()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+                Err(e) => Err(e),
+            }
+        })
+        .await
+        .map_err(|e| Error::Job(format!("listing {}: {e}", self.display)))?
+        .map_err(Error::io(format!("listing {}", self.display)))
+    }
+
+    /// Deletes staging file `name` of this local directory; a missing one is
+    /// not an error.
+    pub async fn delete_local_staging(&self, name: &str) -> Result<()> {
+        let Some(dir) = &self.local else { return Ok(()) };
+        match tokio::fs::remove_file(dir.join(name)).await {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(format!("deleting {}/{name}", self.display))(e)),
+            _ => Ok(()),
+        }
     }
 
     /// Names of the immediate subdirectories.
@@ -264,6 +295,39 @@ impl Location {
         let objects: Vec<_> = self.store.list(Some(&self.prefix)).try_collect().await.map_err(Error::storage(self.display.clone()))?;
         Ok(objects.iter().map(|o| o.size).sum())
     }
+}
+
+/// Whether `name` is a staging file of object_store's local store
+/// (`<name>#<digits>`): it writes an object there and renames it, so a
+/// write cut off by a kill leaves one. The store's listings hide such files
+/// and its `delete` refuses their names; they are found and removed with
+/// the file system instead.
+pub fn is_local_staging(name: &str) -> bool {
+    name.rsplit_once('#').is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Removes the staging files under `dir`, recursively, then each directory
+/// left empty (as the store's automatic cleanup would have, had the staging
+/// file not been there). A directory still holding an object stays.
+fn sweep_local_staging(dir: &std::path::Path) -> std::io::Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for e in entries {
+        let e = e?;
+        if e.file_type()?.is_dir() {
+            sweep_local_staging(&e.path())?;
+        } else if e.file_name().to_str().is_some_and(is_local_staging) {
+            match std::fs::remove_file(e.path()) {
+                Err(err) if err.kind() != std::io::ErrorKind::NotFound => return Err(err),
+                _ => {}
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+    Ok(())
 }
 
 fn join(prefix: &Path, name: &str) -> Path {
@@ -416,8 +480,10 @@ impl CheckpointStorage {
     /// the reference count: a file lives as long as a retained checkpoint
     /// names it.
     async fn discard_unreferenced_shared(&self, newest: u64) -> Result<()> {
+        let shared = self.dir(SHARED_DIR);
         let names = self.job_root.list_objects(SHARED_DIR).await?;
-        if names.is_empty() {
+        let staging = shared.local_staging_files().await?;
+        if names.is_empty() && staging.is_empty() {
             return Ok(());
         }
         let mut referenced = std::collections::HashSet::new();
@@ -430,19 +496,69 @@ impl CheckpointStorage {
                 referenced.extend(s.shared.iter().map(|f| f.name.clone()));
             }
         }
-        let shared = self.dir(SHARED_DIR);
+        let id_of = |file: &str| file.rsplit_once("-chk").and_then(|(_, rest)| rest.strip_suffix(".arrow")).and_then(|n| n.parse::<u64>().ok());
         for name in names {
-            // A write cut off by a kill leaves the local store's temporary
-            // file (`<name>#<n>`): garbage, whoever names `<name>`.
-            let (file, temporary) = match name.split_once('#') {
-                Some((file, _)) => (file, true),
-                None => (name.as_str(), false),
-            };
-            let id = file.rsplit_once("-chk").and_then(|(_, rest)| rest.strip_suffix(".arrow")).and_then(|n| n.parse::<u64>().ok());
-            if id.is_some_and(|id| id <= newest) && (temporary || !referenced.contains(&name)) {
+            if id_of(&name).is_some_and(|id| id <= newest) && !referenced.contains(&name) {
                 shared.delete(&name).await?;
             }
         }
+        // A write cut off by a kill leaves the local store's staging file
+        // (`<name>#<n>`): garbage, whoever names `<name>`, once its
+        // checkpoint can no longer be in progress.
+        for name in staging {
+            let file = name.rsplit_once('#').map_or(name.as_str(), |(f, _)| f);
+            if id_of(file).is_some_and(|id| id <= newest) {
+                shared.delete_local_staging(&name).await?;
+            }
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_names_are_those_the_local_store_writes() {
+        assert!(is_local_staging("running_count-0-0-2becc7ad03-chk10.arrow#1"));
+        assert!(is_local_staging("x#42"));
+        for name in ["x#", "x#a1", "x", "x#1a"] {
+            assert!(!is_local_staging(name), "{name}");
+        }
+    }
+
+    fn names(dir: &std::path::Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        v.sort();
+        v
+    }
+
+    #[tokio::test]
+    async fn retention_removes_the_staging_files_of_writes_a_kill_cut_off_but_not_of_a_checkpoint_in_progress() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = CheckpointStorage::open(dir.path().to_str().unwrap(), "job", true).unwrap();
+        let shared = storage.dir(SHARED_DIR);
+        shared.put("a-chk3.arrow", b"unreferenced".to_vec()).await.unwrap();
+        let on_disk = dir.path().join("job").join(SHARED_DIR);
+        std::fs::write(on_disk.join("a-chk3.arrow#1"), b"cut off").unwrap();
+        std::fs::write(on_disk.join("a-chk9.arrow#2"), b"being written").unwrap();
+        // The store's own listing does not see them: that is the point.
+        assert_eq!(storage.job_root.list_objects(SHARED_DIR).await.unwrap(), ["a-chk3.arrow"]);
+        storage.discard_unreferenced_shared(5).await.unwrap();
+        assert_eq!(names(&on_disk), ["a-chk9.arrow#2"]);
+    }
+
+    #[tokio::test]
+    async fn deleting_a_snapshot_directory_removes_staging_files_and_the_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = CheckpointStorage::open(dir.path().to_str().unwrap(), "job", true).unwrap();
+        let chk = storage.dir("checkpoints/chk-4");
+        chk.put("state.arrow", b"state".to_vec()).await.unwrap();
+        let on_disk = dir.path().join("job/checkpoints/chk-4");
+        std::fs::create_dir_all(on_disk.join("sub")).unwrap();
+        std::fs::write(on_disk.join("sub/other.arrow#7"), b"cut off").unwrap();
+        chk.delete_all().await.unwrap();
+        assert!(!on_disk.exists(), "left: {:?}", names(&on_disk));
     }
 }
