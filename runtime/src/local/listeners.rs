@@ -49,14 +49,7 @@ impl Listeners {
             .filter_map(|l| l.local_addr().ok().filter(|a| addrs.contains(a)).map(|a| (a, l.as_raw_fd())))
             .collect();
         let env = fds.iter().map(|(a, fd)| format!("{a}={fd}")).collect::<Vec<_>>().join(",");
-        let keep = move || {
-            for (_, fd) in &fds {
-                if unsafe { libc::fcntl(*fd, libc::F_SETFD, 0) } == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        };
+        let keep = move || fds.iter().try_for_each(|(_, fd)| super::keep_open_across_exec(*fd));
         (env, keep)
     }
 }

@@ -82,12 +82,7 @@ impl RunLock {
     /// before exec). The child then holds the same lock until it exits.
     pub fn keep_across_exec(&self) -> impl Fn() -> std::io::Result<()> + Send + Sync + 'static {
         let fd = self.file.as_raw_fd();
-        move || {
-            if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } == -1 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        }
+        move || super::keep_open_across_exec(fd)
     }
 
     pub fn path(&self) -> &Path {
