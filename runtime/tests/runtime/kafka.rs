@@ -9,8 +9,9 @@
 //! a crash between a checkpoint's completion and its transaction's commit
 //! still delivers that checkpoint once; offsets move to new owners on a
 //! rescaled restore; read_committed
-//! hides aborted transactions; start positions, bad-message policies and
-//! bad settings behave as documented.
+//! hides aborted transactions; start positions (for a first start only: a
+//! restore resumes at its offsets), bad-message policies and bad settings
+//! behave as documented.
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -245,6 +246,49 @@ fn start_positions_apply_to_a_first_start() {
     assert_eq!(values(&latest, "n"), Vec::<i64>::new());
 }
 
+/// Waits (30 s at most) until the committed values of field `n` are `want`.
+fn wait_for_values(job: &Job, want: &[i64]) {
+    let start = std::time::Instant::now();
+    while values(job, "n") != want {
+        assert!(start.elapsed() < Duration::from_secs(30), "committed {:?}, expected {want:?}", values(job, "n"));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_restore_resumes_at_the_checkpointed_offsets_whatever_the_start_position_says() {
+    // `start` applies to a job's first start only; a restore resumes where
+    // its snapshot stopped reading. Were `start: latest` applied again, the
+    // records produced while the job was stopped would be skipped.
+    let topic = kafka::topic("resume");
+    kafka::create_topic(&topic, 2);
+    kafka::produce(&topic, &numbered(0..5), None);
+    let yaml = format!(
+        "name: eo-test\nparallelism: 2\ncheckpoint:\n  interval: 200ms\nsource:\n  kafka:\n    bootstrap_servers: {}\n    topic: {topic}\n    schema: {{n: int64}}\n    start: latest\nsink:\n  file:\n    path: out/eo\n    format: jsonl\n",
+        kafka::bootstrap()
+    );
+    let job = Job::with_pipeline(&yaml, 0, 1);
+    let both = |r: std::ops::Range<i64>| r.map(|n| ((n % 2) as i32, format!(r#"{{"n":{n}}}"#))).collect::<Vec<_>>();
+    let mut first = KillOnDrop::new(job.spawn(&[]));
+    // The start position is resolved to offsets before the first checkpoint.
+    let start = std::time::Instant::now();
+    while job.latest().is_none() {
+        assert!(start.elapsed() < Duration::from_secs(30), "no first checkpoint");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    kafka::produce(&topic, &both(5..10), None);
+    wait_for_values(&job, &(5..10).collect::<Vec<_>>());
+    let savepoint = job.take_savepoint_with(&["--stop"]);
+    assert!(first.wait_for(Duration::from_secs(30)).is_some_and(|s| s.success()), "the job did not stop with its savepoint");
+
+    kafka::produce(&topic, &both(10..15), None);
+    let mut resumed = KillOnDrop::new(job.spawn(&["--restore", &savepoint]));
+    wait_for_values(&job, &(5..15).collect::<Vec<_>>());
+    job.take_savepoint_with(&["--stop"]);
+    assert!(resumed.wait_for(Duration::from_secs(30)).is_some_and(|s| s.success()), "the resumed job did not stop with its savepoint");
+    assert_eq!(values(&job, "n"), (5..15).collect::<Vec<_>>(), "each record produced after the first start, once");
+}
+
 #[test]
 fn bad_messages_fail_naming_partition_and_offset_or_are_skipped_and_counted_or_sent_to_a_dead_letter_topic() {
     let topic = kafka::topic("bad");
@@ -371,6 +415,29 @@ fn a_savepoint_a_crash_and_then_restoring_the_savepoint_again_loses_nothing() {
     let out = wait_with_timeout(job.spawn(&["--restore", &sp]), Duration::from_secs(120));
     assert!(out.status.success(), "restoring the savepoint a second time failed:\n{}", stderr(&out));
     assert_eq!(committed_seq_counts(&job).len() as u64, job.events);
+}
+
+#[test]
+fn restoring_a_checkpoint_into_a_new_topic_settles_what_the_old_topic_got() {
+    // The final checkpoint's transaction committed to the old topic and its
+    // log file is gone; the new progress topic has no marker of it. That is
+    // no lost record (a log file goes only once its records are committed):
+    // the restore goes on, says so, and writes nothing of it again.
+    let job = Job::counting(2, 6_000, 10, 0, "150ms").output_to_kafka("exactly-once");
+    let out = job.run(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    job.assert_exactly_once();
+    let latest = job.latest().expect("a retained checkpoint");
+    let (broker, old) = job.kafka_output.clone().unwrap();
+    let new = kafka::topic("eo-out-new");
+    broker.create_topic(&new, 3);
+    let yaml = std::fs::read_to_string(job.path("pipeline.yaml")).unwrap();
+    job.write_pipeline(&yaml.replace(&old, &new));
+    let out = job.command(&["--restore", &latest]).env("RUST_LOG", "warn").output().unwrap();
+    assert!(out.status.success(), "restoring {latest} into topic {new} failed:\n{}", stderr(&out));
+    assert!(stderr(&out).contains("taken as committed") && stderr(&out).contains(&old), "the restore did not say how it settled the old transaction:\n{}", stderr(&out));
+    assert_eq!(broker.committed_records(&new), Vec::<serde_json::Value>::new(), "the final checkpoint's records were written again");
+    assert_sink_log_empty(&job);
 }
 
 #[test]

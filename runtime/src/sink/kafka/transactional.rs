@@ -139,7 +139,17 @@ impl Transactional {
             let committed = sink.committed_markers(&entries).await?;
             for entry in entries {
                 if !committed.contains(&entry.id) {
-                    sink.write_again(entry).await?;
+                    match sink.write_again(entry).await {
+                        Err(Error::LostLogEntry { location, .. }) => match sink.delivered_without_marker(entry).await? {
+                            Some(why) => tracing::warn!(
+                                entry = %entry.id,
+                                log = %location,
+                                "kafka sink: the transaction of a restored checkpoint is taken as committed: its log file is gone, which happens only once its records are committed, and its progress marker cannot be read because {why}"
+                            ),
+                            None => return Err(Error::LostLogEntry { location, checkpoint: entry.checkpoint }),
+                        },
+                        r => r?,
+                    }
                 } else {
                     tracing::debug!(entry = %entry.id, "kafka sink: the transaction of a restored checkpoint had committed");
                 }
@@ -274,6 +284,27 @@ impl Transactional {
                 }
             }
         }
+    }
+
+    /// Why a restored entry whose marker was not found and whose log file is
+    /// gone was nevertheless delivered, if the marker cannot be read: the
+    /// entry was written to another topic than the sink's now (the pipeline
+    /// changed its target, and with it, as a rule, the progress topic), or
+    /// the progress topic's retention has deleted the marker (an old
+    /// savepoint). A log file is deleted only after its transaction
+    /// committed, so then the entry is settled. `None` when the marker should
+    /// be readable: then the log file was lost, and so are its records.
+    async fn delivered_without_marker(&self, entry: &KafkaLogEntry) -> Result<Option<String>> {
+        let written_to = entry.transactional_id.rsplit_once('@').map(|(_, t)| t);
+        if let Some(old) = written_to.filter(|t| *t != self.spec.topic) {
+            return Ok(Some(format!("it was written to topic {old}, and the sink now writes to {}", self.spec.topic)));
+        }
+        let topic = self.spec.progress_topic.clone();
+        let context = format!("kafka sink: reading where progress topic {topic} starts");
+        let config = kafka::client_config(&self.spec.bootstrap_servers, &format!("weir-{}-{}-settle", self.job, self.subtask), super::user_settings(&self.spec), Scope::Connection)?;
+        let consumer: BaseConsumer<kafka::Quiet> = config.create_with_context(kafka::Quiet).map_err(|e| kafka::error(&context, e))?;
+        let (low, _) = tokio::task::block_in_place(|| consumer.fetch_watermarks(&topic, 0, REQUEST_TIMEOUT)).map_err(|e| kafka::error(&context, e))?;
+        Ok((low > entry.marker_offset).then(|| format!("retention has deleted it from progress topic {topic} (offset {} of partition 0; the topic now starts at {low})", entry.marker_offset)))
     }
 
     /// Writes a restored entry whose transaction never committed, with its
