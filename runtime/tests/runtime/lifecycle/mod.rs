@@ -42,6 +42,14 @@
 //! and the old lineage's snapshots describe output that no longer exists);
 //! which snapshots it damaged on purpose; and the seqs that may repeat.
 //!
+//! # Sinks
+//!
+//! The first test writes with the exactly-once file sink; the second draws,
+//! per sequence, the exactly-once Kafka sink or the PostgreSQL sink in
+//! `two-phase-commit` or `write-ahead-log` mode (`output.rs`), whose
+//! recovery paths (fencing, progress markers, prepared transactions,
+//! acknowledgements) then meet every action above.
+//!
 //! # Reproducing
 //!
 //! Every random choice, kill timings included, comes from one seeded RNG per
@@ -61,11 +69,15 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
+use output::{Output, SinkKind};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-const REPRODUCE: &str = "cargo test --release --workspace --test runtime lifecycle::";
+mod output;
+
+const REPRODUCE: &str = "cargo test --release --workspace --test runtime lifecycle::random_lifecycles_keep";
+const REPRODUCE_CONNECTORS: &str = "cargo test --release --workspace --test runtime lifecycle::random_lifecycles_with_connector";
 const MAX_PARALLELISM: u32 = 8;
 const JOB_DIR: &str = "state/eo-test";
 /// Bound on any run that should end by itself. Ten restarts with backoff (a
@@ -115,14 +127,13 @@ struct Size {
     rate: u64,
 }
 
-fn pipeline_yaml(size: Size, shape: Shape, parallelism: u32) -> String {
+fn pipeline_yaml(size: Size, shape: Shape, parallelism: u32, sink: &str) -> String {
     let Size { events, keys, rate } = size;
     let filter = if shape.filter { "  - filter: \"seq >= 0\"\n" } else { "" };
     format!(
         "name: eo-test\nparallelism: {parallelism}\nmax_parallelism: {MAX_PARALLELISM}\ncheckpoint:\n  interval: {}ms\n  incremental: {}\n{}\
          source:\n  generator:\n    events: {events}\n    keys: {keys}\n    rate: {rate}\n    batch_size: 100\n\
-         steps:\n{filter}  - key_by: key\n  - running_count: count\n    id: counts\n\
-         sink:\n  file:\n    path: out/eo\n    format: jsonl\n    guarantee: exactly-once\n",
+         steps:\n{filter}  - key_by: key\n  - running_count: count\n    id: counts\n{sink}",
         shape.interval_ms,
         shape.incremental,
         shape.mode.yaml()
@@ -160,35 +171,13 @@ fn tail(path: &Path, lines: usize) -> String {
 // ---------------------------------------------------------------------------
 // The oracle
 
-/// Committed lines of an output directory, each with the file it is in.
-fn committed(out: &Path) -> Result<Vec<(String, Value)>, Stop> {
-    let mut lines = Vec::new();
-    let Ok(entries) = std::fs::read_dir(out) else { return Ok(lines) };
-    let mut names: Vec<String> = entries.flatten().map(|e| e.file_name().to_string_lossy().to_string()).collect();
-    names.sort();
-    for name in names.into_iter().filter(|n| !n.starts_with('.')) {
-        let text = std::fs::read_to_string(out.join(&name)).unwrap_or_default();
-        for (i, line) in text.lines().enumerate() {
-            let v = serde_json::from_str(line)
-                .map_err(|e| violation("every committed line is a whole record", format!("{name} line {}: {e}: {line:?}", i + 1)))?;
-            lines.push((name.clone(), v));
-        }
-    }
-    Ok(lines)
-}
-
-fn committed_seqs(out: &Path) -> Result<HashSet<i64>, Stop> {
-    Ok(committed(out)?.iter().filter_map(|(_, v)| v["seq"].as_i64()).collect())
-}
-
 /// The output oracle. `may_repeat`: seqs that may be committed twice (those
 /// committed when a fork restore began); `None`: any seq may repeat.
-fn check_output(out: &Path, size: Size, may_repeat: Option<&HashSet<i64>>) -> Step {
-    let lines = committed(out)?;
+fn check_output(lines: &[(String, Value)], size: Size, may_repeat: Option<&HashSet<i64>>) -> Step {
     let mut seen: HashMap<i64, String> = HashMap::new();
     let mut wrong = Vec::new();
     let mut twice = Vec::new();
-    for (file, v) in &lines {
+    for (file, v) in lines {
         let seq = v["seq"].as_i64().unwrap_or(-1);
         let expected = expected_record(seq, size.keys);
         if *v != expected || seq < 0 || seq as u64 >= size.events {
@@ -378,6 +367,8 @@ struct Run {
 
 struct Model<'a> {
     job: &'a Job,
+    /// Where the sink writes in the current lineage.
+    output: Output<'a>,
     size: Size,
     shape: Shape,
     parallelism: u32,
@@ -389,6 +380,9 @@ struct Model<'a> {
     abandoned: HashSet<String>,
     corrupted: HashSet<String>,
     may_repeat: HashSet<i64>,
+    /// After a fork whose earlier output cannot be read whole (a prepared
+    /// PostgreSQL transaction), any seq may repeat.
+    any_may_repeat: bool,
     runs_started: u32,
     started: Instant,
     history: Vec<String>,
@@ -405,6 +399,10 @@ impl<'a> Model<'a> {
         self.job.path("out/eo")
     }
 
+    fn pipeline(&self) -> String {
+        pipeline_yaml(self.size, self.shape, self.parallelism, &self.output.sink_yaml())
+    }
+
     fn current_run_id(&self) -> Option<String> {
         self.job.worker_pids().map(|(_, r)| r)
     }
@@ -412,7 +410,7 @@ impl<'a> Model<'a> {
     /// Spawns `weir run` with the model's pipeline; stdout and stderr go to
     /// files in `runs/` (a pipe nobody reads could block the supervisor).
     fn spawn_run(&mut self, restore: Option<&str>, label: &str) -> (KillOnDrop, PathBuf) {
-        self.job.write_pipeline(&pipeline_yaml(self.size, self.shape, self.parallelism));
+        self.job.write_pipeline(&self.pipeline());
         self.runs_started += 1;
         let logs = self.job.path("runs");
         std::fs::create_dir_all(&logs).unwrap();
@@ -424,7 +422,7 @@ impl<'a> Model<'a> {
             extra.extend(["--restore", r]);
         }
         let mut c = self.job.command(&extra);
-        c.stdin(Stdio::null())
+        c.envs(self.output.env()).stdin(Stdio::null())
             .stdout(std::fs::File::create(&out).unwrap())
             .stderr(std::fs::File::create(&err).unwrap())
             .process_group(0);
@@ -683,9 +681,16 @@ impl<'a> Model<'a> {
         }
         let s = candidates[pick % candidates.len()].clone();
         if self.is_fork(&s) {
-            let before = committed_seqs(&self.out_dir())?;
-            self.note(format!("fork: restoring {} {} (older than the lineage's newest state; {} events committed may repeat)", s.kind, s.id, before.len()));
-            self.may_repeat.extend(before);
+            match self.output.may_repeat_after_fork(self.job.dir.path())? {
+                Some(before) => {
+                    self.note(format!("fork: restoring {} {} (older than the lineage's newest state; {} events committed may repeat)", s.kind, s.id, before.len()));
+                    self.may_repeat.extend(before);
+                }
+                None => {
+                    self.note(format!("fork: restoring {} {} (older than the lineage's newest state; any event may repeat)", s.kind, s.id));
+                    self.any_may_repeat = true;
+                }
+            }
         }
         self.parallelism = parallelism;
         self.start(Some(&s.location), &format!("restore-{}-{}", s.kind, s.id));
@@ -699,14 +704,18 @@ impl<'a> Model<'a> {
             self.start_lineage();
             self.finish()?;
         }
-        self.note("re-run: the job finished; checking its output, deleting it, running again without --restore");
+        self.note(format!("re-run: the job finished; checking its output, deleting it ({}), running again without --restore", self.output.describe()));
         self.check_lineage_output()?;
         for s in list_snapshots(self.job) {
             self.lineage_base = self.lineage_base.max(s.id);
             self.abandoned.insert(s.location);
         }
-        std::fs::remove_dir_all(self.out_dir()).unwrap();
+        match self.output {
+            Output::File => std::fs::remove_dir_all(self.out_dir()).unwrap(),
+            _ => self.output = self.output.fresh(),
+        }
         self.may_repeat.clear();
+        self.any_may_repeat = false;
         self.lineage = Lineage::NotStarted;
         self.start(None, "re-run");
         if kill_worker {
@@ -819,13 +828,9 @@ impl<'a> Model<'a> {
     }
 
     fn check_lineage_output(&mut self) -> Step {
-        check_output(&self.out_dir(), self.size, Some(&self.may_repeat))?;
-        let referenced = referenced_in_progress(&self.job.path(JOB_DIR));
-        let left: BTreeSet<String> = in_progress_files(&self.out_dir()).difference(&referenced).cloned().collect();
-        if !left.is_empty() {
-            return Err(violation("no in-progress file that no snapshot references is left once the job finished", format!("{left:?}")));
-        }
-        Ok(())
+        let lines = self.output.committed(self.job.dir.path())?;
+        check_output(&lines, self.size, (!self.any_may_repeat).then_some(&self.may_repeat))?;
+        self.output.check_nothing_left(self.job.dir.path(), &self.job.path(JOB_DIR))
     }
 
     fn act(&mut self, a: &Action) -> Step {
@@ -907,7 +912,9 @@ impl<'a> Model<'a> {
     /// Every complete snapshot of the lineage restores: each is restored in a
     /// copy of the job directory (state and output), at a random parallelism,
     /// runs to its end, and the copy's output passes the oracle (any event may
-    /// repeat: the job had finished, so every restore is a fork).
+    /// repeat: the job had finished, so every restore is a fork). A topic or
+    /// table cannot be copied: the copy writes to a new one, which must then
+    /// hold what the restore alone writes ([`output::check_restored_suffix`]).
     fn check_every_snapshot_restores(&mut self, rng: &mut StdRng) -> Step {
         let snapshots = self.restorable();
         self.note(format!("restoring each of {} retained snapshots in a copy", snapshots.len()));
@@ -915,13 +922,19 @@ impl<'a> Model<'a> {
         for s in snapshots {
             let copy = tempfile::tempdir().unwrap();
             copy_tree(&self.job.path("state"), &copy.path().join("state"));
-            copy_tree(&self.out_dir(), &copy.path().join("out/eo"));
+            let target = match self.output {
+                Output::File => {
+                    copy_tree(&self.out_dir(), &copy.path().join("out/eo"));
+                    Output::File
+                }
+                _ => self.output.fresh(),
+            };
             let _ = std::fs::remove_file(copy.path().join(JOB_DIR).join("run.json"));
             let root = std::fs::canonicalize(self.job.dir.path()).unwrap();
             let rel = Path::new(&s.location).strip_prefix(&root).or_else(|_| Path::new(&s.location).strip_prefix(self.job.dir.path())).unwrap();
             let location = copy.path().join(rel);
             let parallelism: u32 = rng.random_range(1..=4);
-            std::fs::write(copy.path().join("pipeline.yaml"), pipeline_yaml(fast, self.shape, parallelism)).unwrap();
+            std::fs::write(copy.path().join("pipeline.yaml"), pipeline_yaml(fast, self.shape, parallelism, &target.sink_yaml())).unwrap();
             let left_before = in_progress_files(&copy.path().join("out/eo"));
             let err = copy.path().join("restore.stderr");
             let mut p = KillOnDrop::new(
@@ -933,11 +946,12 @@ impl<'a> Model<'a> {
                     .stdout(Stdio::null())
                     .stderr(std::fs::File::create(&err).unwrap())
                     .env("RUST_LOG", "warn")
+                    .envs(target.env())
                     .process_group(0)
                     .spawn()
                     .unwrap(),
             );
-            let what = format!("{} {} ({}) at parallelism {parallelism}", s.kind, s.id, s.location);
+            let what = format!("{} {} ({}) at parallelism {parallelism}, {}", s.kind, s.id, s.location, target.describe());
             match p.wait_for(RUN_LIMIT) {
                 Some(st) if st.success() => {}
                 st => {
@@ -945,15 +959,22 @@ impl<'a> Model<'a> {
                     return Err(violation("every retained checkpoint and savepoint restores", format!("{what}: {how}; stderr:\n{}", tail(&err, 15))));
                 }
             }
-            check_output(&copy.path().join("out/eo"), self.size, None).map_err(|e| match e {
+            let lines = target.committed(copy.path())?;
+            let checked = match target {
+                Output::File => check_output(&lines, self.size, None),
+                _ => output::check_restored_suffix(&lines, self.size).and_then(|()| target.check_nothing_left(copy.path(), &copy.path().join(JOB_DIR))),
+            };
+            checked.map_err(|e| match e {
                 Stop::Violation { invariant, detail } => violation(&format!("restoring a retained snapshot gives correct output: {invariant}"), format!("{what}: {detail}")),
                 other => other,
             })?;
-            let referenced = referenced_in_progress(&copy.path().join(JOB_DIR));
-            let new_left: Vec<String> =
-                in_progress_files(&copy.path().join("out/eo")).difference(&left_before).filter(|f| !referenced.contains(*f)).cloned().collect();
-            if !new_left.is_empty() {
-                return Err(violation("no in-progress file is left once the job finished", format!("after restoring {what}: {new_left:?}")));
+            if let Output::File = target {
+                let referenced = referenced_in_progress(&copy.path().join(JOB_DIR));
+                let new_left: Vec<String> =
+                    in_progress_files(&copy.path().join("out/eo")).difference(&left_before).filter(|f| !referenced.contains(*f)).cloned().collect();
+                if !new_left.is_empty() {
+                    return Err(violation("no in-progress file is left once the job finished", format!("after restoring {what}: {new_left:?}")));
+                }
             }
             self.note(format!("{what} restores"));
         }
@@ -974,8 +995,10 @@ fn env_u64(name: &str) -> Option<u64> {
 }
 
 /// One sequence: draw a plan, run it, run the job to its end, check the output
-/// and every snapshot. Returns the history on failure.
-fn run_sequence(seed: u64, stop_supported: bool) -> Result<(), (Stop, Vec<String>, PathBuf)> {
+/// and every snapshot. Returns the history on failure. With `connectors`
+/// (the test's PostgreSQL server) the sink is drawn among the connector
+/// sinks, else it is the file sink.
+fn run_sequence(seed: u64, stop_supported: bool, connectors: Option<&postgres::Server>) -> Result<(), (Stop, Vec<String>, PathBuf)> {
     let mut rng = StdRng::seed_from_u64(seed);
     let keys = MAX_PARALLELISM as u64 * rng.random_range(2..=3);
     // 2.5 to 5 s of events: long enough for kills and savepoints to land mid-run.
@@ -983,13 +1006,16 @@ fn run_sequence(seed: u64, stop_supported: bool) -> Result<(), (Stop, Vec<String
     let shape = Shape { filter: rng.random_bool(0.3), interval_ms: [100, 150, 200, 300][rng.random_range(0..4)], mode: Mode::draw(&mut rng), incremental: rng.random_bool(0.5) };
     let parallelism = rng.random_range(1..=4);
     let plan = draw_plan(&mut rng);
-    println!("  {} events, {} keys, parallelism {parallelism}, {shape:?}; plan:", size.events, size.keys);
+    let kind = if connectors.is_some() { SinkKind::connector(rng.random_range(0..3)) } else { SinkKind::File };
+    let output = Output::new(kind, connectors);
+    println!("  {} events, {} keys, parallelism {parallelism}, {shape:?}, {}; plan:", size.events, size.keys, output.describe());
     for (i, a) in plan.iter().enumerate() {
         println!("    {}. {a:?}", i + 1);
     }
-    let job = Job::with_pipeline(&pipeline_yaml(size, shape, parallelism), size.events, size.keys);
+    let job = Job::with_pipeline(&pipeline_yaml(size, shape, parallelism, &output.sink_yaml()), size.events, size.keys);
     let mut m = Model {
         job: &job,
+        output,
         size,
         shape,
         parallelism,
@@ -1000,6 +1026,7 @@ fn run_sequence(seed: u64, stop_supported: bool) -> Result<(), (Stop, Vec<String
         abandoned: HashSet::new(),
         corrupted: HashSet::new(),
         may_repeat: HashSet::new(),
+        any_may_repeat: false,
         runs_started: 0,
         started: Instant::now(),
         history: Vec::new(),
@@ -1033,10 +1060,11 @@ fn a_failure_free_run_commits_exactly_the_records_the_oracle_expects() {
     // parallelism, with or without the filter step.
     for (parallelism, filter, keys) in [(3, false, 16), (2, true, 24), (4, false, 24)] {
         let size = Size { events: 20_000, keys, rate: 0 };
-        let job = Job::with_pipeline(&pipeline_yaml(size, Shape { filter, interval_ms: 100, mode: Mode::Aligned, incremental: false }, parallelism), size.events, keys);
+        let job = Job::with_pipeline(&pipeline_yaml(size, Shape { filter, interval_ms: 100, mode: Mode::Aligned, incremental: false }, parallelism, &Output::File.sink_yaml()), size.events, keys);
         let out = job.run(&[]);
         assert!(out.status.success(), "{}", stderr(&out));
-        if let Err(e) = check_output(&job.path("out/eo"), size, Some(&HashSet::new())) {
+        let lines = output::committed_files(&job.path("out/eo")).unwrap_or_else(|e| panic!("{e:?}"));
+        if let Err(e) = check_output(&lines, size, Some(&HashSet::new())) {
             panic!("parallelism {parallelism}, filter {filter}, keys {keys}: {e:?}");
         }
     }
@@ -1044,9 +1072,27 @@ fn a_failure_free_run_commits_exactly_the_records_the_oracle_expects() {
 
 #[test]
 fn random_lifecycles_keep_exactly_once_and_every_snapshot_restorable() {
+    run_sequences(REPRODUCE, 3, None);
+}
+
+/// The same lifecycles with the connector sinks: the exactly-once Kafka
+/// sink and the PostgreSQL sink in `two-phase-commit` and
+/// `write-ahead-log` mode, drawn per sequence. Their recovery paths
+/// (fencing, progress markers, prepared transactions, acknowledgements)
+/// meet re-runs, forks, rescales and savepoints here.
+#[test]
+fn random_lifecycles_with_connector_sinks_keep_exactly_once_and_every_snapshot_restorable() {
+    let pg = postgres::Server::start();
+    run_sequences(REPRODUCE_CONNECTORS, 2, Some(&pg));
+}
+
+/// Runs `WEIR_LIFECYCLE_SEQUENCES` sequences (default `default_sequences`)
+/// from `WEIR_LIFECYCLE_SEED` (default random), printing how to reproduce
+/// each with `reproduce`, and fails naming every failed seed.
+fn run_sequences(reproduce: &str, default_sequences: u64, connectors: Option<&postgres::Server>) {
     let seed = env_u64("WEIR_LIFECYCLE_SEED").unwrap_or_else(|| rand::random::<u32>() as u64);
-    let sequences = env_u64("WEIR_LIFECYCLE_SEQUENCES").unwrap_or(3);
-    println!("seed {seed}; reproduce with: WEIR_LIFECYCLE_SEED={seed} {REPRODUCE}");
+    let sequences = env_u64("WEIR_LIFECYCLE_SEQUENCES").unwrap_or(default_sequences);
+    println!("seed {seed}; reproduce with: WEIR_LIFECYCLE_SEED={seed} {reproduce}");
     let help = std::process::Command::new(WEIR).args(["savepoint", "--help"]).output().unwrap();
     let stop_supported = String::from_utf8_lossy(&help.stdout).contains("--stop");
     if !stop_supported {
@@ -1056,16 +1102,16 @@ fn random_lifecycles_keep_exactly_once_and_every_snapshot_restorable() {
     let started = Instant::now();
     for k in 0..sequences {
         let s = seed.wrapping_add(k);
-        println!("sequence {}/{sequences}: seed {s} (alone: WEIR_LIFECYCLE_SEED={s} WEIR_LIFECYCLE_SEQUENCES=1 {REPRODUCE})", k + 1);
+        println!("sequence {}/{sequences}: seed {s} (alone: WEIR_LIFECYCLE_SEED={s} WEIR_LIFECYCLE_SEQUENCES=1 {reproduce})", k + 1);
         let t0 = Instant::now();
-        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| run_sequence(s, stop_supported)));
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| run_sequence(s, stop_supported, connectors)));
         let took = t0.elapsed().as_secs_f64();
         match outcome {
             Ok(Ok(())) => println!("sequence seed {s}: ok in {took:.1}s"),
             Ok(Err((Stop::Inconclusive(why), _, _))) => println!("sequence seed {s}: inconclusive after {took:.1}s ({why})"),
             Ok(Err((Stop::Violation { invariant, detail }, history, dir))) => {
                 let report = format!(
-                    "FAILED sequence seed {s} (reproduce: WEIR_LIFECYCLE_SEED={s} WEIR_LIFECYCLE_SEQUENCES=1 {REPRODUCE})\n  invariant: {invariant}\n  {}\n  job directory kept: {}\n  what happened:\n    {}",
+                    "FAILED sequence seed {s} (reproduce: WEIR_LIFECYCLE_SEED={s} WEIR_LIFECYCLE_SEQUENCES=1 {reproduce})\n  invariant: {invariant}\n  {}\n  job directory kept: {}\n  what happened:\n    {}",
                     detail.replace('\n', "\n  "),
                     dir.display(),
                     history.join("\n    ")
@@ -1083,7 +1129,7 @@ fn random_lifecycles_keep_exactly_once_and_every_snapshot_restorable() {
     println!("{sequences} sequences in {:.1}s, {} failed", started.elapsed().as_secs_f64(), failures.len());
     assert!(
         failures.is_empty(),
-        "seed {seed}; reproduce with: WEIR_LIFECYCLE_SEED={seed} {REPRODUCE}\n{} of {sequences} sequences failed:\n{}",
+        "seed {seed}; reproduce with: WEIR_LIFECYCLE_SEED={seed} {reproduce}\n{} of {sequences} sequences failed:\n{}",
         failures.len(),
         failures.join("\n")
     );
