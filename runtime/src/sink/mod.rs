@@ -116,6 +116,10 @@ pub struct SinkRestore<'a> {
     /// still references. It discards the job's other in-progress files, which
     /// hold records that will be produced again.
     pub keep: Option<&'a HashSet<String>>,
+    /// The job's parallelism in this run: subtasks of earlier runs at or
+    /// above it are gone, and a sink cleans up what they may have left
+    /// (the Kafka sink fences their transactional ids).
+    pub parallelism: u32,
 }
 
 /// Once a job has finished (its final checkpoint committed): deletes the
@@ -159,6 +163,14 @@ pub(crate) async fn discard_unreferenced_log_files(log: &Location, run_id: Optio
         if name.ends_with(".arrow") && !of_this_run && !keep.contains(&name) {
             tracing::info!(file = %name, sink, "discarding the log entry of a checkpoint that never completed");
             log.delete(&name).await?;
+        }
+    }
+    // A write cut off by a kill leaves the local store's staging file,
+    // which the listing above hides.
+    for name in log.local_staging_files().await? {
+        if !current.as_ref().is_some_and(|c| name.starts_with(c)) {
+            tracing::info!(file = %name, sink, "discarding a log entry whose write was cut off");
+            log.delete_local_staging(&name).await?;
         }
     }
     Ok(())

@@ -418,6 +418,29 @@ fn a_savepoint_a_crash_and_then_restoring_the_savepoint_again_loses_nothing() {
 }
 
 #[test]
+fn a_fresh_start_at_a_lower_parallelism_fences_the_transactions_a_crashed_run_left_open() {
+    // A run killed before its first checkpoint leaves its transactions
+    // open, and no checkpoint names their ids. A fresh start at parallelism
+    // 1 has no subtask 1 or 2 to fence theirs by name; the ids recorded in
+    // storage let subtask 0 fence them. Else every read_committed reader of
+    // their partitions waits for the transaction timeout (10 minutes).
+    let job = Job::counting(3, 20_000, 12, 4_000, "1m").output_to_kafka("exactly-once");
+    let (broker, topic) = job.kafka_output.clone().unwrap();
+    let mut first = KillOnDrop::new(job.spawn(&[]));
+    let start = std::time::Instant::now();
+    while broker.partitions_held_by_open_transactions(&topic).len() < 3 {
+        assert!(start.elapsed() < Duration::from_secs(30), "the first run's transactions never held every partition");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    first.kill();
+    assert!(job.latest().is_none(), "the first run completed a checkpoint: the test needs it killed before one");
+    let out = wait_with_timeout(job.spawn(&["--parallelism", "1"]), Duration::from_secs(120));
+    assert!(out.status.success(), "{}", stderr(&out));
+    job.assert_no_open_transaction();
+    job.assert_exactly_once();
+}
+
+#[test]
 fn restoring_a_checkpoint_into_a_new_topic_settles_what_the_old_topic_got() {
     // The final checkpoint's transaction committed to the old topic and its
     // log file is gone; the new progress topic has no marker of it. That is

@@ -28,6 +28,15 @@
 //!
 //! The records are thus written twice (to Kafka and to the log), the price
 //! of closing that window; the log file lives until its transaction commits.
+//!
+//! A restored checkpoint names the transactional ids its subtasks used, but
+//! not those of a run after it, nor those of a run that crashed before its
+//! first checkpoint. A transaction such a run left open would hold back
+//! every read_committed reader of its partitions until the transaction
+//! timeout. So each subtask records its ids in storage before it uses them
+//! (`kafka-transactional-ids/subtask-<n>`), and at start every subtask
+//! fences the ids recorded for it, and subtask 0 those of subtasks the job
+//! no longer has at its parallelism.
 
 use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, Instant};
@@ -77,6 +86,8 @@ pub struct Transactional {
     key: Option<usize>,
     schema: SchemaRef,
     log: Location,
+    /// Where this subtask records its transactional ids ([`IDS_DIR`]).
+    ids: Location,
     job: String,
     subtask: u32,
     run_id: String,
@@ -88,6 +99,14 @@ pub struct Transactional {
     buffer: Vec<RecordBatch>,
     /// Prepared transactions: their entry and slot, oldest first.
     pending: Vec<(KafkaLogEntry, usize)>,
+}
+
+/// The directory, beside the log's, where subtasks record their
+/// transactional ids before they use them.
+const IDS_DIR: &str = "kafka-transactional-ids";
+
+fn ids_record(subtask: u32) -> String {
+    format!("subtask-{subtask:03}")
 }
 
 /// `weir-<job>-<subtask>-<slot>@<topic>`: stable across the job's runs, so a
@@ -106,6 +125,7 @@ impl Transactional {
             spec: spec.clone(),
             key,
             schema: std::sync::Arc::new(schema.clone()),
+            ids: log.parent().child(IDS_DIR),
             log,
             job: job.to_string(),
             subtask,
@@ -121,7 +141,9 @@ impl Transactional {
         // on: this subtask's own slots (a few more than any checkpoint
         // recorded, since the pool may have grown after it), and the slots
         // of the old subtasks whose state this one takes over.
-        let restored_ids: BTreeSet<String> = restore.mine.iter().flat_map(|s| s.transactional_ids.iter().cloned()).collect();
+        let mut restored_ids: BTreeSet<String> = restore.mine.iter().flat_map(|s| s.transactional_ids.iter().cloned()).collect();
+        let gone = sink.recorded_ids(restore.parallelism).await?;
+        restored_ids.extend(gone.values().flatten().cloned());
         let own = restored_ids.iter().filter(|id| id.starts_with(&format!("weir-{job}-{subtask}-")) && id.ends_with(&format!("@{}", spec.topic))).count().max(INITIAL_SLOTS) + 1;
         for slot in 0..own {
             sink.add_slot(slot).await?;
@@ -131,6 +153,10 @@ impl Transactional {
                 let p = producer(spec, &format!("weir-{job}-{subtask}-fence"), Some(id))?;
                 init(&p, id)?;
             }
+        }
+        // Fenced: the records of subtasks the job no longer has can go.
+        for k in gone.keys().filter(|k| **k != subtask) {
+            sink.ids.delete(&ids_record(*k)).await?;
         }
         check_topic(&sink.slots[0].producer, spec, &spec.topic).await?;
 
@@ -162,8 +188,29 @@ impl Transactional {
         Ok(sink)
     }
 
+    /// The transactional ids recorded by earlier runs that this subtask
+    /// must fence, by subtask: its own, and for subtask 0 those of subtasks
+    /// at or above `parallelism`.
+    async fn recorded_ids(&self, parallelism: u32) -> Result<std::collections::BTreeMap<u32, Vec<String>>> {
+        let mut out = std::collections::BTreeMap::new();
+        for name in self.ids.list_objects("").await? {
+            let Some(k) = name.strip_prefix("subtask-").and_then(|n| n.parse::<u32>().ok()) else { continue };
+            if k == self.subtask || (self.subtask == 0 && k >= parallelism) {
+                if let Some(bytes) = self.ids.get(&name).await? {
+                    out.insert(k, String::from_utf8_lossy(&bytes).lines().filter(|l| !l.is_empty()).map(String::from).collect());
+                }
+            }
+        }
+        Ok(out)
+    }
+
     async fn add_slot(&mut self, slot: usize) -> Result<()> {
         let id = transactional_id(&self.job, &self.spec.topic, self.subtask, slot);
+        // Recorded before it is used: a later run fences it even if no
+        // checkpoint names it.
+        let mut ids: Vec<String> = self.slots.iter().map(|s| s.transactional_id.clone()).collect();
+        ids.push(id.clone());
+        self.ids.put_durable(&ids_record(self.subtask), ids.join("\n").into_bytes()).await?;
         let p = producer(&self.spec, &format!("weir-{}-{}", self.job, self.subtask), Some(&id))?;
         init(&p, &id)?;
         self.slots.push(Slot { transactional_id: id, producer: p });

@@ -215,6 +215,8 @@ fn check_output(lines: &[(String, Value)], size: Size, may_repeat: Option<&HashS
 /// In-progress sink files some complete snapshot of the job still lists as
 /// pending: they stay until that snapshot is restored (a savepoint taken just
 /// before a crash keeps its files so that it remains restorable).
+/// Also the sink log files (Kafka, write-ahead log) a snapshot references:
+/// they stay while it may be restored.
 fn referenced_in_progress(job_dir: &Path) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for sub in ["checkpoints", "savepoints"] {
@@ -227,6 +229,12 @@ fn referenced_in_progress(job_dir: &Path) -> BTreeSet<String> {
                 for p in state["inline"]["pending"].as_array().into_iter().flatten() {
                     if let Some(t) = p["temp"].as_str() {
                         out.insert(t.to_string());
+                    }
+                }
+                // The log files of the Kafka and write-ahead-log sinks.
+                for e in ["kafka", "log"].iter().flat_map(|k| state["inline"][k].as_array().into_iter().flatten()) {
+                    if let Some(name) = e["file"]["name"].as_str() {
+                        out.insert(name.to_string());
                     }
                 }
             }
