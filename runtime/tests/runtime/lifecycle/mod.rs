@@ -215,8 +215,9 @@ fn check_output(lines: &[(String, Value)], size: Size, may_repeat: Option<&HashS
 /// In-progress sink files some complete snapshot of the job still lists as
 /// pending: they stay until that snapshot is restored (a savepoint taken just
 /// before a crash keeps its files so that it remains restorable).
-/// Also the sink log files (Kafka, write-ahead log) a snapshot references:
-/// they stay while it may be restored.
+/// Also the sink log files (Kafka, write-ahead log) and the prepared
+/// transactions (PostgreSQL) a snapshot references: they stay while it may
+/// be restored.
 fn referenced_in_progress(job_dir: &Path) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for sub in ["checkpoints", "savepoints"] {
@@ -231,10 +232,16 @@ fn referenced_in_progress(job_dir: &Path) -> BTreeSet<String> {
                         out.insert(t.to_string());
                     }
                 }
-                // The log files of the Kafka and write-ahead-log sinks.
+                // The log files of the Kafka and write-ahead-log sinks, and
+                // the PostgreSQL sink's prepared transactions.
                 for e in ["kafka", "log"].iter().flat_map(|k| state["inline"][k].as_array().into_iter().flatten()) {
                     if let Some(name) = e["file"]["name"].as_str() {
                         out.insert(name.to_string());
+                    }
+                }
+                for e in state["inline"]["transactions"].as_array().into_iter().flatten() {
+                    if let Some(gid) = e["gid"].as_str() {
+                        out.insert(gid.to_string());
                     }
                 }
             }
@@ -964,7 +971,12 @@ impl<'a> Model<'a> {
                 Some(st) if st.success() => {}
                 st => {
                     let how = st.map(|s| s.to_string()).unwrap_or_else(|| format!("still running after {RUN_LIMIT:?}"));
-                    return Err(violation("every retained checkpoint and savepoint restores", format!("{what}: {how}; stderr:\n{}", tail(&err, 15))));
+                    drop(p);
+                    let kept = copy.keep();
+                    return Err(violation(
+                        "every retained checkpoint and savepoint restores",
+                        format!("{what}: {how}; copy kept in {}; stderr:\n{}", kept.display(), tail(&kept.join("restore.stderr"), 15)),
+                    ));
                 }
             }
             let lines = target.committed(copy.path())?;
@@ -1052,6 +1064,14 @@ fn run_sequence(seed: u64, stop_supported: bool, connectors: Option<&postgres::S
     })();
     let history = std::mem::take(&mut m.history);
     drop(m); // kills whatever still runs
+    // Sequences share the server and the job's name: what this one's
+    // retained savepoints keep prepared goes with it, as when a user
+    // disposes of a job, so that the next sequence starts clean.
+    if let Some(server) = connectors {
+        for gid in server.prepared() {
+            server.psql(&format!("ROLLBACK PREPARED '{gid}'"));
+        }
+    }
     match result {
         Ok(()) => Ok(()),
         Err(stop) => {
