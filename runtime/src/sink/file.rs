@@ -291,12 +291,12 @@ mod tests {
         s.write(&batch(vec![3])).unwrap();
         drop(s); // the process dies before the commit notification of 1 arrives
         let keep: HashSet<String> = state.pending.iter().map(|p| p.temp.clone()).collect();
-        let restored = FileSink::open(&spec(), "job", 0, "r2", SinkRestore { mine: vec![state.clone()], keep: Some(&keep), parallelism: 1 }, dir.path()).unwrap();
+        let restored = FileSink::open(&spec(), "job", 0, "r2", SinkRestore { mine: vec![state.clone()], keep: Some(&keep), parallelism: 1, snapshot_log: None }, dir.path()).unwrap();
         assert_eq!(visible(dir.path()), vec![r#"{"seq":1}"#]);
         assert!(leftovers(dir.path()).is_empty(), "{:?}", leftovers(dir.path()));
         drop(restored);
         // Restoring the same checkpoint twice is harmless: the commit is idempotent.
-        FileSink::open(&spec(), "job", 0, "r3", SinkRestore { mine: vec![state], keep: Some(&keep), parallelism: 1 }, dir.path()).unwrap();
+        FileSink::open(&spec(), "job", 0, "r3", SinkRestore { mine: vec![state], keep: Some(&keep), parallelism: 1, snapshot_log: None }, dir.path()).unwrap();
         assert_eq!(visible(dir.path()), vec![r#"{"seq":1}"#]);
     }
 
@@ -308,7 +308,7 @@ mod tests {
         drop(s); // crashed before its first checkpoint
         assert_eq!(leftovers(dir.path()).len(), 1);
         let keep = HashSet::new();
-        FileSink::open(&spec(), "job", 0, "r2", SinkRestore { mine: vec![], keep: Some(&keep), parallelism: 1 }, dir.path()).unwrap();
+        FileSink::open(&spec(), "job", 0, "r2", SinkRestore { mine: vec![], keep: Some(&keep), parallelism: 1, snapshot_log: None }, dir.path()).unwrap();
         assert!(leftovers(dir.path()).is_empty(), "{:?}", leftovers(dir.path()));
     }
 
@@ -334,7 +334,7 @@ mod tests {
         let before_other: Vec<String> = leftovers(dir.path()).into_iter().filter(|n| !n.starts_with(".part-a.")).collect();
         // "a" restores checkpoint 1: the savepoint's file must survive, the crashed tail must go.
         let keep: HashSet<String> = c1.pending.iter().chain(sp2.pending.iter()).map(|p| p.temp.clone()).collect();
-        FileSink::open(&spec(), "a", 0, "r2", SinkRestore { mine: vec![c1], keep: Some(&keep), parallelism: 1 }, dir.path()).unwrap();
+        FileSink::open(&spec(), "a", 0, "r2", SinkRestore { mine: vec![c1], keep: Some(&keep), parallelism: 1, snapshot_log: None }, dir.path()).unwrap();
         let after = leftovers(dir.path());
         let sp_file = &sp2.pending.last().unwrap().temp;
         assert!(after.contains(sp_file), "the savepoint's in-progress file was deleted: {after:?}");
@@ -343,7 +343,7 @@ mod tests {
         assert_eq!(after_other, before_other, "files of other jobs were touched");
         // The savepoint is still restorable: its pending file commits.
         let keep2: HashSet<String> = sp2.pending.iter().map(|p| p.temp.clone()).collect();
-        FileSink::open(&spec(), "a", 0, "r3", SinkRestore { mine: vec![sp2], keep: Some(&keep2), parallelism: 1 }, dir.path()).unwrap();
+        FileSink::open(&spec(), "a", 0, "r3", SinkRestore { mine: vec![sp2], keep: Some(&keep2), parallelism: 1, snapshot_log: None }, dir.path()).unwrap();
         assert!(visible(dir.path()).contains(&r#"{"seq":2}"#.to_string()));
     }
 

@@ -47,7 +47,7 @@ pub use s3_file::S3FileSink;
 
 /// Where a sink keeps what checkpoint storage holds for it: the PostgreSQL
 /// sink's write-ahead log, under the job's directory.
-const LOG_DIR: &str = "wal";
+pub(crate) const LOG_DIR: &str = "wal";
 
 /// A sink subtask's checkpointed state: what it has made durable but not
 /// yet published, per checkpoint. Part of the checkpoint format (inline
@@ -120,6 +120,11 @@ pub struct SinkRestore<'a> {
     /// above it are gone, and a sink cleans up what they may have left
     /// (the Kafka sink fences their transactional ids).
     pub parallelism: u32,
+    /// The restored snapshot's own copies of the log entries it names
+    /// (`<snapshot>/wal`; savepoints carry them, see
+    /// [`copy_log_into_savepoint`]): where a log entry is read when the
+    /// job's `wal/` does not have it.
+    pub snapshot_log: Option<Location>,
 }
 
 /// Once a job has finished (its final checkpoint committed): deletes the
@@ -136,9 +141,28 @@ pub async fn clean_up_after_finish(spec: &SinkSpec, job: &str, run_id: &str, kee
     }
 }
 
-/// Reads a log entry's records back from the job's `wal` directory; only on
-/// failure does it look again, to tell a lost entry from a damaged one.
-pub(crate) async fn read_log_entry(log: &Location, file: &StateFile, checkpoint: u64) -> Result<(String, Vec<RecordBatch>)> {
+/// A savepoint carries copies of the log entries its sink state names (the
+/// Kafka sink's and the write-ahead log's records of its last interval) in
+/// its own `wal/`, so that it restores when moved to another directory or
+/// bucket, or after the job's `wal/` is gone: a savepoint is
+/// self-contained. Called at a savepoint's barrier, after `pre_commit`.
+pub(crate) async fn copy_log_into_savepoint(state: &SinkState, storage: &CheckpointStorage, savepoint_dir: &str) -> Result<()> {
+    let (from, to) = (storage.dir(LOG_DIR), storage.dir(&format!("{savepoint_dir}/{LOG_DIR}")));
+    for file in state.kafka.iter().map(|e| &e.file).chain(state.log.iter().map(|e| &e.file)) {
+        let bytes = from.read_state_file(file).await?;
+        to.put_durable(&file.name, bytes.to_vec()).await?;
+    }
+    Ok(())
+}
+
+/// Reads a log entry's records back from the job's `wal` directory, or
+/// else from the restored snapshot's copy (`also`); only on failure does it
+/// look again, to tell a lost entry from a damaged one.
+pub(crate) async fn read_log_entry(log: &Location, also: Option<&Location>, file: &StateFile, checkpoint: u64) -> Result<(String, Vec<RecordBatch>)> {
+    let log = match also {
+        Some(copy) if log.get(&file.name).await?.is_none() && copy.get(&file.name).await?.is_some() => copy,
+        _ => log,
+    };
     let location = format!("{}/{}", log.display, file.name);
     let bytes = match log.read_state_file(file).await {
         Ok(b) => b,

@@ -415,7 +415,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                         None => Vec::new(),
                     };
                     let keep = if j == 0 { Some(restore::referenced_sink_files(&storage, restored.as_ref(), &state_id).await?) } else { None };
-                    let restore = SinkRestore { mine: states.iter().filter(|(old, _)| old % p == j).map(|(_, s)| s.clone()).collect(), keep: keep.as_ref(), parallelism: p };
+                    let restore = SinkRestore { mine: states.iter().filter(|(old, _)| old % p == j).map(|(_, s)| s.clone()).collect(), keep: keep.as_ref(), parallelism: p, snapshot_log: None };
                     let sink = SinkWriter::open(&SinkSpec::File(output.clone()), &schema, job_id, j, &cluster.run_id, restore, &cfg.base_dir, &storage).await?;
                     late_records.push(LateRecords { operator: k, state_id, sink });
                 }
@@ -428,6 +428,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                         mine: sink_states.iter().filter(|(old, _)| old % p == j).map(|(_, s)| s.clone()).collect(),
                         keep: if j == 0 { keep.as_ref() } else { None },
                         parallelism: p,
+                        snapshot_log: restored.as_ref().map(|r| r.location.child(crate::sink::LOG_DIR)),
                     };
                     let sink = SinkWriter::open(&spec.sink, &schema, job_id, j, &cluster.run_id, restore, &cfg.base_dir, &storage).await?;
                     let notifications = sink_notifications.remove(&j).ok_or_else(|| Error::Job("sink notifications taken twice".into()))?;

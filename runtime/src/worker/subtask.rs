@@ -518,6 +518,9 @@ impl Subtask {
         match &mut self.output {
             Output::Sink { sink, .. } => {
                 if let Some(state) = sink.pre_commit(barrier.checkpoint_id).await? {
+                    if barrier.savepoint {
+                        crate::sink::copy_log_into_savepoint(&state, &self.storage, &barrier.dir).await?;
+                    }
                     let v = serde_json::to_value(state).map_err(|e| Error::Job(e.to_string()))?;
                     inline.push((SINK_ID.into(), OperatorSubtaskState { subtask: self.index, inline: Some(v), file: None, shared: Vec::new() }));
                 }

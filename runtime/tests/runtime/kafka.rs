@@ -390,6 +390,32 @@ fn stop_with_a_savepoint_then_resuming_it_writes_the_savepoints_open_transaction
 }
 
 #[test]
+fn a_stop_savepoint_moved_elsewhere_writes_its_open_transaction_once_after_the_state_directory_is_gone() {
+    // A savepoint is self-contained: it carries the log entry of the
+    // transaction a stop leaves open, so it restores after being moved and
+    // after the job's state directory (and its `wal/`) is deleted.
+    let job = Job::counting(2, 120_000, 20, 15_000, "200ms").output_to_kafka("exactly-once");
+    let child = job.spawn(&[]);
+    let start = std::time::Instant::now();
+    while job.latest().is_none() {
+        assert!(start.elapsed() < Duration::from_secs(30), "no first checkpoint");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let sp = job.take_savepoint_with(&["--stop"]);
+    let out = wait_with_timeout(child, Duration::from_secs(30));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let moved = job.path("elsewhere/kept-savepoint");
+    std::fs::create_dir_all(moved.parent().unwrap()).unwrap();
+    std::fs::rename(&sp, &moved).unwrap();
+    std::fs::remove_dir_all(job.path("state")).unwrap();
+    let resumed = job.command(&["--restore", moved.to_str().unwrap()]).env("RUST_LOG", "info").stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let out = wait_with_timeout(resumed, Duration::from_secs(90));
+    assert!(out.status.success(), "restoring the moved savepoint failed:\n{}", stderr(&out));
+    assert!(stderr(&out).contains("writing again the records of a completed checkpoint"), "the savepoint's open transaction was not written again:\n{}", stderr(&out));
+    job.assert_exactly_once();
+}
+
+#[test]
 fn a_savepoint_a_crash_and_then_restoring_the_savepoint_again_loses_nothing() {
     // A fork: the savepoint is restored after the job went on past it, so
     // what came after it may be written twice (identical records), but

@@ -88,6 +88,8 @@ pub struct Transactional {
     log: Location,
     /// Where this subtask records its transactional ids ([`IDS_DIR`]).
     ids: Location,
+    /// The restored snapshot's copies of its log entries.
+    restored_log: Option<Location>,
     job: String,
     subtask: u32,
     run_id: String,
@@ -126,6 +128,7 @@ impl Transactional {
             key,
             schema: std::sync::Arc::new(schema.clone()),
             ids: log.parent().child(IDS_DIR),
+            restored_log: restore.snapshot_log.clone(),
             log,
             job: job.to_string(),
             subtask,
@@ -357,7 +360,7 @@ impl Transactional {
     /// Writes a restored entry whose transaction never committed, with its
     /// marker, in one transaction.
     async fn write_again(&mut self, entry: &KafkaLogEntry) -> Result<()> {
-        let (_, batches) = crate::sink::read_log_entry(&self.log, &entry.file, entry.checkpoint).await?;
+        let (_, batches) = crate::sink::read_log_entry(&self.log, self.restored_log.as_ref(), &entry.file, entry.checkpoint).await?;
         let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
         tracing::info!(entry = %entry.id, rows, "kafka sink: writing again the records of a completed checkpoint whose transaction never committed");
         let s = self.transaction().await?;

@@ -70,6 +70,8 @@ pub struct WriteAheadLog {
     is_acknowledged: Statement,
     table: Table,
     log: Location,
+    /// The restored snapshot's copies of its log entries.
+    restored_log: Option<Location>,
     schema: SchemaRef,
     job: String,
     subtask: u32,
@@ -137,6 +139,7 @@ impl WriteAheadLog {
             is_acknowledged,
             table,
             log,
+            restored_log: restore.snapshot_log.clone(),
             schema: std::sync::Arc::new(schema.clone()),
             job: job.to_string(),
             subtask,
@@ -226,7 +229,7 @@ impl WriteAheadLog {
     }
 
     async fn read_entry(&self, entry: &LogEntry) -> Result<RecordBatch> {
-        let (location, batches) = crate::sink::read_log_entry(&self.log, &entry.file, entry.checkpoint).await?;
+        let (location, batches) = crate::sink::read_log_entry(&self.log, self.restored_log.as_ref(), &entry.file, entry.checkpoint).await?;
         arrow::compute::concat_batches(&self.schema, &batches)
             .map_err(|e| Error::BadCheckpoint { location, message: format!("the log entry does not have the records' schema: {e}") })
     }
