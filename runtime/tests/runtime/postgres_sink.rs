@@ -212,6 +212,31 @@ fn a_crash_between_checkpoint_completion_and_commit_writes_the_log_entry_on_rest
 }
 
 #[test]
+fn restoring_a_checkpoint_into_a_table_of_another_schema_takes_its_written_entry_as_written() {
+    // The final checkpoint's entry was written and acknowledged in the old
+    // schema's progress table, then its log file deleted. Restored into a
+    // table of a new schema, no acknowledgement of its writer is found: a
+    // log file goes only once its rows committed, so the restore goes on,
+    // says so, and writes nothing of it again.
+    let pg = postgres::Server::start();
+    let job = Job::counting(2, 6_000, 10, 0, "1s").output_to_postgres(&pg, "write-ahead-log", EVENT_COLUMNS);
+    let out = job.run(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    job.assert_exactly_once();
+    let latest = job.latest().expect("a retained checkpoint");
+    let (_, old) = job.pg_output.clone().unwrap();
+    let moved = format!("moved.{old}");
+    pg.psql(&format!("CREATE SCHEMA moved; CREATE TABLE {moved} ({EVENT_COLUMNS})"));
+    let yaml = std::fs::read_to_string(job.path("pipeline.yaml")).unwrap();
+    job.write_pipeline(&yaml.replace(&format!("table: {old}\n"), &format!("table: {moved}\n")));
+    let out = job.command(&["--restore", &latest]).env("RUST_LOG", "warn").output().unwrap();
+    assert!(out.status.success(), "restoring {latest} into {moved} failed:\n{}", stderr(&out));
+    assert!(stderr(&out).contains("taken as written"), "the restore did not say how it settled the entry:\n{}", stderr(&out));
+    assert_eq!(pg.rows(&moved), Vec::<serde_json::Value>::new(), "the final checkpoint's rows were written again");
+    assert_write_ahead_log_empty(&job);
+}
+
+#[test]
 fn worker_kills_with_an_upsert_postgres_sink_leave_every_keys_final_row() {
     let pg = postgres::Server::start();
     let (events, keys) = (120_000u64, 97u64);

@@ -202,7 +202,28 @@ impl WriteAheadLog {
                     .map_err(failed(context("looking up")))?;
                 match written {
                     Some(_) => None,
-                    None => Some(self.read_entry(entry).await?),
+                    None => match self.read_entry(entry).await {
+                        Err(Error::LostLogEntry { location, checkpoint }) => {
+                            // A log file goes only once its rows committed.
+                            // With no acknowledgement of its writer at all
+                            // (the target's schema changed, or a run of the
+                            // job that no longer retains this snapshot
+                            // cleaned them), that is the only fact left; an
+                            // older acknowledgement of the writer proves
+                            // the entry was not written, and its rows lost.
+                            let any = self.client.query_opt(&self.is_acknowledged, &[&entry.writer(), &0i64]).await.map_err(failed(context("looking up")))?;
+                            if any.is_some() {
+                                return Err(Error::LostLogEntry { location, checkpoint });
+                            }
+                            tracing::warn!(
+                                entry = %entry.id,
+                                log = %location,
+                                "postgres sink: a log entry of the restored checkpoint is taken as written: its log file is gone, which happens only once its rows are committed, and its writer has no acknowledgement in the progress table (the target changed, or another run of the job cleaned them)"
+                            );
+                            None
+                        }
+                        r => Some(r?),
+                    },
                 }
             }
         };
