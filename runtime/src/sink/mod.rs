@@ -159,20 +159,20 @@ pub(crate) async fn copy_log_into_savepoint(state: &SinkState, storage: &Checkpo
 /// else from the restored snapshot's copy (`also`); only on failure does it
 /// look again, to tell a lost entry from a damaged one.
 pub(crate) async fn read_log_entry(log: &Location, also: Option<&Location>, file: &StateFile, checkpoint: u64) -> Result<(String, Vec<RecordBatch>)> {
-    let log = match also {
-        Some(copy) if log.get(&file.name).await?.is_none() && copy.get(&file.name).await?.is_some() => copy,
-        _ => log,
-    };
-    let location = format!("{}/{}", log.display, file.name);
-    let bytes = match log.read_state_file(file).await {
-        Ok(b) => b,
-        Err(e) => match log.get(&file.name).await? {
-            None => return Err(Error::LostLogEntry { location, checkpoint }),
-            Some(_) => return Err(e),
-        },
-    };
-    let batches = crate::worker::restore::decode_state(&location, bytes.to_vec())?;
-    Ok((location, batches))
+    for place in std::iter::once(log).chain(also) {
+        let location = format!("{}/{}", place.display, file.name);
+        match place.read_state_file(file).await {
+            Ok(bytes) => {
+                let batches = crate::worker::restore::decode_state(&location, bytes.to_vec())?;
+                return Ok((location, batches));
+            }
+            // A damaged entry is an error where it is; only a missing one
+            // is looked for in the next place.
+            Err(e) if place.get(&file.name).await?.is_some() => return Err(e),
+            Err(_) => {}
+        }
+    }
+    Err(Error::LostLogEntry { location: format!("{}/{}", log.display, file.name), checkpoint })
 }
 
 /// Deletes the log files of runs other than `run_id` that no retained

@@ -363,6 +363,14 @@ fn stop_with_a_savepoint_then_resuming_it_writes_the_savepoints_open_transaction
     // Nothing commits after a stop-with-savepoint: the savepoint's last
     // transaction is left open. Resuming fences it (the broker aborts it),
     // finds no marker, and writes its records again from the savepoint's log.
+    let (job, sp) = stopped_with_a_savepoint();
+    resume_writing_its_open_transaction_again(&job, &sp);
+    assert_sink_log_empty(&job);
+}
+
+/// A Kafka → Kafka job stopped with a savepoint after its first checkpoint,
+/// and the savepoint's location.
+fn stopped_with_a_savepoint() -> (Job, String) {
     let job = Job::counting(2, 120_000, 20, 15_000, "200ms").output_to_kafka("exactly-once");
     let child = job.spawn(&[]);
     let start = std::time::Instant::now();
@@ -370,23 +378,21 @@ fn stop_with_a_savepoint_then_resuming_it_writes_the_savepoints_open_transaction
         assert!(start.elapsed() < Duration::from_secs(30), "no first checkpoint");
         std::thread::sleep(Duration::from_millis(50));
     }
-    // The control endpoint may be between two attempts of the run: retry.
-    let sp = loop {
-        let out = job.weir(&["savepoint", "--stop", "--state-dir", &job.state]).output().unwrap();
-        if out.status.success() {
-            break String::from_utf8_lossy(&out.stdout).trim().to_string();
-        }
-        assert!(start.elapsed() < Duration::from_secs(30), "weir savepoint --stop failed: {}", stderr(&out));
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    // Retries while the control endpoint is between two attempts of the run.
+    let sp = job.take_savepoint_with(&["--stop"]);
     let out = wait_with_timeout(child, Duration::from_secs(30));
     assert!(out.status.success(), "{}", stderr(&out));
-    let resumed = job.command(&["--restore", &sp]).env("RUST_LOG", "info").stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    (job, sp)
+}
+
+/// Resumes `savepoint`, which must write its open transaction's records
+/// again, and checks the output is exactly once.
+fn resume_writing_its_open_transaction_again(job: &Job, savepoint: &str) {
+    let resumed = job.command(&["--restore", savepoint]).env("RUST_LOG", "info").stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
     let out = wait_with_timeout(resumed, Duration::from_secs(90));
-    assert!(out.status.success(), "resuming the savepoint failed:\n{}", stderr(&out));
+    assert!(out.status.success(), "resuming the savepoint {savepoint} failed:\n{}", stderr(&out));
     assert!(stderr(&out).contains("writing again the records of a completed checkpoint"), "the savepoint's open transaction was not written again:\n{}", stderr(&out));
     job.assert_exactly_once();
-    assert_sink_log_empty(&job);
 }
 
 #[test]
@@ -394,25 +400,12 @@ fn a_stop_savepoint_moved_elsewhere_writes_its_open_transaction_once_after_the_s
     // A savepoint is self-contained: it carries the log entry of the
     // transaction a stop leaves open, so it restores after being moved and
     // after the job's state directory (and its `wal/`) is deleted.
-    let job = Job::counting(2, 120_000, 20, 15_000, "200ms").output_to_kafka("exactly-once");
-    let child = job.spawn(&[]);
-    let start = std::time::Instant::now();
-    while job.latest().is_none() {
-        assert!(start.elapsed() < Duration::from_secs(30), "no first checkpoint");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let sp = job.take_savepoint_with(&["--stop"]);
-    let out = wait_with_timeout(child, Duration::from_secs(30));
-    assert!(out.status.success(), "{}", stderr(&out));
+    let (job, sp) = stopped_with_a_savepoint();
     let moved = job.path("elsewhere/kept-savepoint");
     std::fs::create_dir_all(moved.parent().unwrap()).unwrap();
     std::fs::rename(&sp, &moved).unwrap();
     std::fs::remove_dir_all(job.path("state")).unwrap();
-    let resumed = job.command(&["--restore", moved.to_str().unwrap()]).env("RUST_LOG", "info").stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
-    let out = wait_with_timeout(resumed, Duration::from_secs(90));
-    assert!(out.status.success(), "restoring the moved savepoint failed:\n{}", stderr(&out));
-    assert!(stderr(&out).contains("writing again the records of a completed checkpoint"), "the savepoint's open transaction was not written again:\n{}", stderr(&out));
-    job.assert_exactly_once();
+    resume_writing_its_open_transaction_again(&job, moved.to_str().unwrap());
 }
 
 #[test]
