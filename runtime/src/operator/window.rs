@@ -13,13 +13,12 @@
 //! which fires again with the new result (as Flink's event-time trigger does).
 //!
 //! The watermark itself is state: the subtask's last watermark is kept in
-//! the snapshot (schema metadata `weir.watermark`), because after a restore
-//! the inputs' watermarks arrive only with their first messages, and a record
-//! that was late before the failure must be late again, or a window that
-//! fired and was dropped would fire a second time. Every subtask of the
-//! stage holds the same watermark at an aligned barrier (each gets every
-//! upstream watermark before the barrier), so a rescaled restore loses nothing
-//! by taking the largest.
+//! the snapshot (schema metadata `weir.watermark`, and per key group
+//! `weir.key_group_watermarks`), because after a restore the inputs'
+//! watermarks arrive only with their first messages, and a record that was
+//! late before the failure must be late again, or a window that fired and
+//! was dropped would fire a second time. A rescaled restore judges each key
+//! group by the watermark it had ([`restored_watermarks`]).
 //!
 //! Snapshots are Arrow batches `(key_group, keys…, window_start, window_end,
 //! fired, accumulators…)`, restored by key group like the running aggregates.
@@ -37,6 +36,9 @@ use super::running::{canonical_keys, describe};
 use crate::error::{Error, Result};
 use crate::key_group::{groups_of_subtask, key_groups};
 use crate::plan::{WindowFn, WindowPlan};
+
+mod restored_watermarks;
+use restored_watermarks::RestoredWatermarks;
 
 type FastMap<K, V> = HashMap<K, V, ahash::RandomState>;
 
@@ -80,6 +82,8 @@ pub struct WindowAggregate {
     /// Session windows: each key's sessions as (start, end).
     sessions: FastMap<Box<[u8]>, std::collections::BTreeSet<(i64, i64)>>,
     watermark: i64,
+    /// After a restore: key groups whose old subtask was further on.
+    restored: RestoredWatermarks,
     /// Records dropped as late since the last call of `take_late`.
     late: u64,
     /// With a late-records output: the late records since the last call of
@@ -114,6 +118,7 @@ impl WindowAggregate {
             windows: BTreeMap::new(),
             sessions: FastMap::default(),
             watermark: i64::MIN,
+            restored: RestoredWatermarks::default(),
             late: 0,
             late_records: plan.late_records.is_some().then(Vec::new),
         })
@@ -134,8 +139,9 @@ impl WindowAggregate {
         self.late_records.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
-    fn is_dropped(&self, end: i64) -> bool {
-        (end - 1).saturating_add(self.plan.allowed_lateness_ms) <= self.watermark
+    /// Whether a window ending at `end` is past its lateness at `watermark`.
+    fn is_dropped(&self, end: i64, watermark: i64) -> bool {
+        (end - 1).saturating_add(self.plan.allowed_lateness_ms) <= watermark
     }
 
     /// Adds a batch to its windows; returns the results that records
@@ -146,7 +152,10 @@ impl WindowAggregate {
         let times = batch.column(self.plan.time_index).as_primitive::<Int64Type>();
         let mut refire: Vec<(WindowKey, Box<[u8]>)> = Vec::new();
         let mut late_rows: Vec<u32> = Vec::new();
+        // Only after a rescaled restore do key groups differ in watermark.
+        let groups = if self.restored.is_active() { Some(key_groups(&key_columns, batch.num_rows(), self.max_parallelism)?) } else { None };
         for r in 0..batch.num_rows() {
+            let watermark = groups.as_ref().map_or(self.watermark, |g| self.restored.of(g[r], self.watermark));
             if times.is_null(r) {
                 return Err(Error::Record {
                     step: self.step.clone(),
@@ -167,9 +176,9 @@ impl WindowAggregate {
                         record: record_json(&batch, r),
                         position: None,
                     };
-                    self.merge_session(&key, t, gap, overflow)?.into_iter().collect()
+                    self.merge_session(&key, t, gap, watermark, overflow)?.into_iter().collect()
                 }
-                None => self.fixed_windows(t),
+                None => self.fixed_windows(t, watermark),
             };
             if windows.is_empty() {
                 self.late += 1;
@@ -192,7 +201,7 @@ impl WindowAggregate {
                 }
                 // The watermark has passed the window's end: as in Flink's
                 // event-time trigger, it fires again at once with the record.
-                if w.0 - 1 <= self.watermark {
+                if w.0 - 1 <= watermark {
                     entry.fired = true;
                     refire.push((w, key.clone()));
                 }
@@ -217,13 +226,13 @@ impl WindowAggregate {
     }
 
     /// The fixed windows of time `t` that are not past their lateness.
-    fn fixed_windows(&self, t: i64) -> Vec<WindowKey> {
+    fn fixed_windows(&self, t: i64, watermark: i64) -> Vec<WindowKey> {
         let (size, slide) = (self.plan.size_ms, self.plan.slide_ms);
         let mut out = Vec::new();
         let mut start = t - t.rem_euclid(slide);
         while start > t - size {
             let end = start + size;
-            if !self.is_dropped(end) {
+            if !self.is_dropped(end, watermark) {
                 out.push((end, start));
             }
             start -= slide;
@@ -235,11 +244,11 @@ impl WindowAggregate {
     /// session of the key it overlaps or touches, their accumulators
     /// combined into the merged one. `None`: a session of its own that is
     /// already past its lateness (the record is late).
-    fn merge_session(&mut self, key: &[u8], t: i64, gap: i64, overflow: impl Fn() -> Error) -> Result<Option<WindowKey>> {
+    fn merge_session(&mut self, key: &[u8], t: i64, gap: i64, watermark: i64, overflow: impl Fn() -> Error) -> Result<Option<WindowKey>> {
         let (mut start, mut end) = (t, t.saturating_add(gap));
         let sessions = self.sessions.get(key);
         let overlapping: Vec<(i64, i64)> = sessions.map(|s| s.iter().filter(|(s, e)| *s <= end && *e >= start).copied().collect()).unwrap_or_default();
-        if overlapping.is_empty() && self.is_dropped(end) {
+        if overlapping.is_empty() && self.is_dropped(end, watermark) {
             return Ok(None);
         }
         for (s, e) in &overlapping {
@@ -281,6 +290,7 @@ impl WindowAggregate {
             return Ok(None);
         }
         self.watermark = watermark;
+        self.restored.forget_below(watermark);
         let mut out = Vec::new();
         for (&(end, start), pane) in self.windows.range_mut(..=(watermark.saturating_add(1), i64::MAX)) {
             if end - 1 > watermark {
@@ -384,12 +394,17 @@ impl WindowAggregate {
                 _ => columns.push(acc_column(&agg.input_type, accs)),
             }
         }
-        let schema = self.snapshot_schema().with_metadata([(WATERMARK_KEY.to_string(), self.watermark.to_string())].into());
+        let metadata = [
+            (WATERMARK_KEY.to_string(), self.watermark.to_string()),
+            (restored_watermarks::KEY.to_string(), self.restored.encode(&self.groups, self.watermark)),
+        ];
+        let schema = self.snapshot_schema().with_metadata(metadata.into());
         RecordBatch::try_new(Arc::new(schema), columns).map_err(Error::arrow(ctx()))
     }
 
     /// Loads the rows of `batch` whose key group this subtask owns, and the
-    /// watermark (the largest of the restored subtasks').
+    /// watermark of each of its key groups: the subtask starts at the
+    /// smallest of them.
     pub fn restore(&mut self, batch: &RecordBatch, location: &str) -> Result<()> {
         let expected = self.snapshot_schema();
         let found = batch.schema();
@@ -408,7 +423,17 @@ impl WindowAggregate {
                 ),
             });
         };
-        self.watermark = self.watermark.max(watermark);
+        let entries = match found.metadata().get(restored_watermarks::KEY) {
+            Some(text) => restored_watermarks::parse(text).ok_or_else(|| Error::BadCheckpoint {
+                location: location.to_string(),
+                message: format!("the state of `{}` names its key groups' watermarks as `{text}`: expected `start-end:watermark` entries separated by `;`", self.id),
+            })?,
+            // Snapshots of earlier versions: one watermark for every key group.
+            None => vec![(0..=u32::MAX, watermark)],
+        };
+        self.restored.add(&self.groups, &entries);
+        self.watermark = self.restored.lowest();
+        self.restored.forget_below(self.watermark);
         let nkeys = self.key_fields.len();
         let key_columns = canonical_keys(&(1..=nkeys).map(|i| batch.column(i).clone()).collect::<Vec<_>>());
         let groups = batch.column(0).as_primitive::<UInt32Type>();

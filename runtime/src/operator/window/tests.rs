@@ -152,6 +152,42 @@ fn a_restore_at_another_parallelism_keeps_every_window_and_the_watermark() {
     assert_eq!(all, (0..40).map(|k| (k, 10, 20, 1, k)).collect::<Vec<_>>());
 }
 
+/// A key of key group at most 7 (`low`) or at least 8 of 16.
+fn key_in_half(low: bool) -> i64 {
+    (0..).find(|k| {
+        let g = crate::key_group::key_groups(&[Arc::new(Int64Array::from(vec![*k])) as ArrayRef], 1, 16).unwrap()[0];
+        (g < 8) == low
+    })
+    .unwrap()
+}
+
+#[test]
+fn a_merging_restore_of_unaligned_snapshots_judges_each_key_group_by_its_own_watermark() {
+    // An unaligned barrier found subtask 0 at watermark 30 and subtask 1 at
+    // 5: its record at 7 was still in flight, and is replayed after the
+    // restore into one subtask. It must count; a record at 8 for subtask
+    // 0's key, whose window fired and was dropped, must stay late.
+    let p = plan(10, 10, 0);
+    let (a, b) = (key_in_half(true), key_in_half(false));
+    let mut ahead = window(&p, 0, 2);
+    ahead.process(batch(&[(a, 5, 1), (a, 15, 1)])).unwrap();
+    assert_eq!(results(ahead.on_watermark(30).unwrap()).len(), 2);
+    let mut behind = window(&p, 1, 2);
+    behind.process(batch(&[(b, 5, 1)])).unwrap();
+    assert!(results(behind.on_watermark(5).unwrap()).is_empty());
+    let mut merged = window(&p, 0, 1);
+    merged.restore(&ahead.snapshot().unwrap(), "chk-1/0").unwrap();
+    merged.restore(&behind.snapshot().unwrap(), "chk-1/1").unwrap();
+    merged.process(batch(&[(b, 7, 1), (a, 8, 1)])).unwrap();
+    assert_eq!(merged.take_late(), 1, "only the record of the key group that was at 30 is late");
+    // Snapshotted again before the watermark passes 30: still judged so.
+    let mut again = window(&p, 0, 1);
+    again.restore(&merged.snapshot().unwrap(), "chk-2/0").unwrap();
+    again.process(batch(&[(a, 9, 1)])).unwrap();
+    assert_eq!(again.take_late(), 1);
+    assert_eq!(results(again.on_watermark(i64::MAX).unwrap()), vec![(b, 0, 10, 2, 2)]);
+}
+
 #[test]
 fn a_null_event_time_fails_naming_the_record() {
     let mut w = window(&plan(10, 10, 0), 0, 1);
