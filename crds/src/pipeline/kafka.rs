@@ -335,13 +335,19 @@ impl KafkaSinkSpec {
         if self.key.as_deref() == Some("") {
             return Err(src.invalid("sink.kafka.key", "expected a field name"));
         }
-        let open = checkpoint_interval.get() + checkpoint_timeout.get();
+        // A transaction opens at one barrier and commits when the next
+        // checkpoint completes: that one is triggered up to an interval (or
+        // the previous checkpoint's timeout) later and takes up to a
+        // timeout itself. (After a declined checkpoint it stays open
+        // longer; if the broker aborts it then, the commit fails, and the
+        // restore writes the interval again from the sink's log.)
+        let open = checkpoint_interval.get().max(checkpoint_timeout.get()) + checkpoint_timeout.get();
         if self.guarantee == Guarantee::ExactlyOnce && self.transaction_timeout.get() <= open {
             return Err(src.invalid(
                 "sink.kafka.transaction_timeout",
                 format!(
-                    "{} is not longer than checkpoint.interval ({checkpoint_interval}) plus checkpoint.timeout ({checkpoint_timeout}): \
-                     the broker would abort a transaction before its checkpoint can complete. Raise transaction_timeout \
+                    "{} is not longer than the longer of checkpoint.interval ({checkpoint_interval}) and checkpoint.timeout ({checkpoint_timeout}), \
+                     plus checkpoint.timeout: the broker would abort a transaction before its checkpoint can complete. Raise transaction_timeout \
                      (at most the broker's transaction.max.timeout.ms) or lower the checkpoint settings",
                     self.transaction_timeout
                 ),
@@ -434,11 +440,11 @@ mod tests {
     }
 
     #[test]
-    fn a_transaction_timeout_within_interval_plus_checkpoint_timeout_is_refused_naming_both() {
-        let text = "name: t\ncheckpoint: {interval: 10s, timeout: 50s}\nsource:\n  generator: {}\nsink:\n  kafka:\n    bootstrap_servers: a:1\n    topic: out\n    transaction_timeout: 1m\n";
+    fn a_transaction_timeout_within_two_checkpoint_durations_is_refused_naming_both_settings() {
+        let text = "name: t\ncheckpoint: {interval: 10s, timeout: 50s}\nsource:\n  generator: {}\nsink:\n  kafka:\n    bootstrap_servers: a:1\n    topic: out\n    transaction_timeout: 100s\n";
         let err = PipelineSpec::from_yaml("p.yaml", text).unwrap_err().to_string();
         assert!(err.contains("sink.kafka.transaction_timeout") && err.contains("checkpoint.interval (10s)") && err.contains("checkpoint.timeout (50s)"), "{err}");
-        assert!(PipelineSpec::from_yaml("p.yaml", &text.replace("1m\n", "61s\n")).is_ok());
+        assert!(PipelineSpec::from_yaml("p.yaml", &text.replace("100s\n", "101s\n")).is_ok());
         // At least once, no transaction stays open.
         assert!(PipelineSpec::from_yaml("p.yaml", &text.replace("    transaction_timeout", "    guarantee: at-least-once\n    transaction_timeout")).is_ok());
     }
