@@ -322,6 +322,15 @@ async fn act(job: &StreamJob, ctx: &Context, ns: &str, decision: &Decision, pods
                     Err(e) => warn!(request = %request_id, error = %e, "savepoint request not accepted yet"),
                 }
             }
+            Effect::CancelSavepoint { api, request_id } => {
+                let token = token(job, ctx, ns).await?;
+                match ctx.workers.cancel_savepoint(*api, &token, request_id).await {
+                    Ok(o) => info!(request = %request_id, state = ?o.map(|o| o.state), "savepoint request cancelled"),
+                    // Not fatal: a job left stopped is restarted once its
+                    // checkpoints stall (CheckpointsStalled).
+                    Err(e) => warn!(request = %request_id, error = %e, "savepoint request not cancelled"),
+                }
+            }
             Effect::RemoveFinalizer => {
                 let jobs: Api<StreamJob> = Api::namespaced(ctx.client.clone(), ns);
                 // JSON patch with a test of the exact entry: other controllers'

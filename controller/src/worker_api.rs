@@ -20,6 +20,8 @@ pub trait WorkerApi: Send + Sync + 'static {
     fn request_savepoint<'a>(&'a self, api: SocketAddr, token: &'a str, request: &'a SavepointRequest) -> BoxFuture<'a, Result<SavepointOutcome>>;
     /// The outcome of a savepoint request; `None` when this run does not know the id.
     fn savepoint_outcome<'a>(&'a self, api: SocketAddr, token: &'a str, request_id: &'a str) -> BoxFuture<'a, Result<Option<SavepointOutcome>>>;
+    /// Cancels a savepoint request; `None` when this run does not know the id.
+    fn cancel_savepoint<'a>(&'a self, api: SocketAddr, token: &'a str, request_id: &'a str) -> BoxFuture<'a, Result<Option<SavepointOutcome>>>;
 }
 
 /// HTTP client with short timeouts: a reconcile must not hang on a worker.
@@ -100,6 +102,13 @@ impl WorkerApi for HttpWorkerApi {
     fn savepoint_outcome<'a>(&'a self, api: SocketAddr, token: &'a str, request_id: &'a str) -> BoxFuture<'a, Result<Option<SavepointOutcome>>> {
         Box::pin(async move {
             let req = self.http.get(url(api, &format!("/v1/savepoints/{request_id}"))).bearer_auth(token);
+            Ok(self.send::<SavepointOutcome>(api, req).await?.1)
+        })
+    }
+
+    fn cancel_savepoint<'a>(&'a self, api: SocketAddr, token: &'a str, request_id: &'a str) -> BoxFuture<'a, Result<Option<SavepointOutcome>>> {
+        Box::pin(async move {
+            let req = self.http.delete(url(api, &format!("/v1/savepoints/{request_id}"))).bearer_auth(token);
             Ok(self.send::<SavepointOutcome>(api, req).await?.1)
         })
     }

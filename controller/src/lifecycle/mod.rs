@@ -100,6 +100,10 @@ pub enum Effect {
     SendMembership { membership: Membership, workers: Vec<SocketAddr> },
     /// Ask the coordinator for a savepoint (same id: same savepoint).
     RequestSavepoint { api: SocketAddr, request_id: String, stop: bool },
+    /// Tell the coordinator nobody waits for this savepoint any more: a
+    /// stopping one must not leave the job stopped (the runtime resumes
+    /// checkpointing, even if it completed meanwhile).
+    CancelSavepoint { api: SocketAddr, request_id: String },
     /// Let the API server delete the StreamJob.
     RemoveFinalizer,
 }

@@ -75,6 +75,18 @@ pub(super) fn wait(cx: &Cx, st: &StreamJobStatus) -> Wait {
     Wait::Pending { effects, message }
 }
 
+/// Gives up on the pending savepoint (failed, timed out, or its stop taken
+/// back): clears it, and tells the coordinator, so that a stopping
+/// savepoint that completes after all, or did unseen, does not leave the
+/// job stopped while it shows Running.
+pub(super) fn give_up(cx: &Cx, st: &mut StreamJobStatus) -> Vec<Effect> {
+    let Some(pending) = st.pending_savepoint.take() else { return Vec::new() };
+    match (api_of(cx, st), pending.request_id) {
+        (Some(api), Some(request_id)) => vec![Effect::CancelSavepoint { api, request_id }],
+        _ => Vec::new(),
+    }
+}
+
 /// Records a completed savepoint and clears the pending request.
 pub(super) fn record(cx: &Cx, st: &mut StreamJobStatus, sp: &CheckpointStatus) -> String {
     let reason = st.pending_savepoint.take().map(|p| p.reason).unwrap_or(SavepointReason::Trigger);

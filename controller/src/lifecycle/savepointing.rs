@@ -34,11 +34,11 @@ impl State for Savepointing {
             }
             Wait::Failed(why) => {
                 // One trigger value asks for one attempt; a new value asks again.
-                st.pending_savepoint = None;
+                let cancel = savepoint::give_up(cx, st);
                 st.observed_savepoint_trigger = cx.job.spec.savepoint_trigger.clone();
                 let m = format!("savepoint failed: {why}; the job keeps running; change spec.savepointTrigger to try again");
                 st.last_failure = Some(Failure { time: Time(cx.now), reason: "SavepointFailed".into(), message: m.clone() });
-                Step::to::<Savepointing, Running>().warning("SavepointFailed", m.clone()).message(m).requeue(Duration::from_secs(2))
+                Step::to::<Savepointing, Running>().effects(cancel).warning("SavepointFailed", m.clone()).message(m).requeue(Duration::from_secs(2))
             }
         }
     }

@@ -32,8 +32,8 @@ impl State for Suspending {
             return Step::stay::<Suspending>().effect(Effect::DeleteAllPods).message("suspending: stopping the pods").requeue(Duration::from_millis(500));
         }
         if cx.job.spec.state == JobState::Running {
-            st.pending_savepoint = None;
-            return Step::to::<Suspending, Running>().event("SuspendCancelled", "spec.state is running again before the suspension completed").message("running (suspension cancelled)");
+            let cancel = savepoint::give_up(cx, st);
+            return Step::to::<Suspending, Running>().effects(cancel).event("SuspendCancelled", "spec.state is running again before the suspension completed").message("running (suspension cancelled)");
         }
         if let Some(run) = st.run.clone() {
             if let RunHealth::Failed { reason, message, fatal } = cx.obs.health(&run) {
@@ -53,10 +53,10 @@ impl State for Suspending {
                     .requeue(Duration::from_millis(500))
             }
             Wait::Failed(why) => {
-                st.pending_savepoint = None;
+                let cancel = savepoint::give_up(cx, st);
                 let m = format!("suspend savepoint failed: {why}");
                 st.last_failure = Some(Failure { time: Time(cx.now), reason: "SavepointFailed".into(), message: m.clone() });
-                Step::to::<Suspending, Running>().warning("SavepointFailed", format!("{m}; the job keeps running; the suspension is retried")).message(m).requeue(Duration::from_secs(1))
+                Step::to::<Suspending, Running>().effects(cancel).warning("SavepointFailed", format!("{m}; the job keeps running; the suspension is retried")).message(m).requeue(Duration::from_secs(1))
             }
         }
     }

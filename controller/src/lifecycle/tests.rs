@@ -525,8 +525,11 @@ fn a_failed_upgrade_savepoint_keeps_the_old_job_running_and_never_falls_back() {
 }
 
 #[test]
-fn an_upgrade_savepoint_that_never_completes_gives_up_after_the_savepoint_timeout() {
-    let mut w = World::running(JobBuilder::new("j").spec(|s| s.savepoint_timeout = weir_api::pipeline::HumanDuration::from_millis(30_000)).build());
+fn an_upgrade_savepoint_that_never_completes_gives_up_after_the_savepoint_timeout_and_cancels_it() {
+    let mut w = World::running(JobBuilder::new("j").spec(|s| {
+        s.savepoint_timeout = weir_api::pipeline::HumanDuration::from_millis(30_000);
+        s.checkpoint.timeout = weir_api::pipeline::HumanDuration::from_millis(5_000);
+    }).build());
     w.job.spec.parallelism = 1;
     w.step();
     assert_eq!(w.phase(), Some(Phase::Upgrading));
@@ -537,7 +540,33 @@ fn an_upgrade_savepoint_that_never_completes_gives_up_after_the_savepoint_timeou
     let d = w.step();
     assert_eq!(w.phase(), Some(Phase::Running));
     assert!(d.status.pending_savepoint.is_none());
-    assert!(d.status.message.unwrap().contains("savepointTimeout"));
+    assert!(d.status.message.clone().unwrap().contains("savepointTimeout"));
+    assert_eq!(cancelled_savepoints(std::slice::from_ref(&d)).len(), 1, "the runtime is told: a stop it completes later must not leave the job stopped");
+}
+
+fn cancelled_savepoints(ds: &[Decision]) -> Vec<String> {
+    effects(ds)
+        .into_iter()
+        .filter_map(|e| match e {
+            Effect::CancelSavepoint { request_id, .. } => Some(request_id),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_suspension_taken_back_before_its_savepoint_completes_cancels_the_stop_in_the_runtime() {
+    let mut w = World::running(JobBuilder::new("j").build());
+    w.job.spec.state = JobState::Suspended;
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Suspending));
+    let (id, stop) = savepoint_requests(std::slice::from_ref(&d))[0].clone();
+    assert!(stop);
+    w.job.spec.state = JobState::Running;
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Running));
+    assert_eq!(cancelled_savepoints(std::slice::from_ref(&d)), vec![id]);
+    assert!(d.status.pending_savepoint.is_none());
 }
 
 #[test]
@@ -802,7 +831,10 @@ fn deletion_takes_a_final_savepoint_then_lets_the_job_go() {
 
 #[test]
 fn deletion_never_waits_past_the_savepoint_timeout() {
-    let w0 = World::running(JobBuilder::new("j").spec(|s| s.savepoint_timeout = weir_api::pipeline::HumanDuration::from_millis(10_000)).build());
+    let w0 = World::running(JobBuilder::new("j").spec(|s| {
+        s.savepoint_timeout = weir_api::pipeline::HumanDuration::from_millis(10_000);
+        s.checkpoint.timeout = weir_api::pipeline::HumanDuration::from_millis(5_000);
+    }).build());
     let mut w = w0.deleted();
     w.step();
     w.step();

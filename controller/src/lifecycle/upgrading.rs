@@ -61,11 +61,11 @@ fn await_savepoint(cx: &Cx, st: &mut StreamJobStatus) -> Step {
                 .requeue(Duration::ZERO)
         }
         Wait::Failed(why) => {
-            st.pending_savepoint = None;
+            let cancel = savepoint::give_up(cx, st);
             let m = format!("upgrade savepoint failed: {why}");
             st.last_failure = Some(Failure { time: Time(cx.now), reason: "SavepointFailed".into(), message: m.clone() });
             let shown = format!("{m}; the job keeps running the previous spec (the upgrade is retried; to upgrade without a savepoint set upgradeMode: last-state)");
-            Step::to::<Upgrading, Running>().warning("SavepointFailed", shown.clone()).message(shown.clone()).degraded("SavepointFailed", shown).requeue(Duration::from_secs(1))
+            Step::to::<Upgrading, Running>().effects(cancel).warning("SavepointFailed", shown.clone()).message(shown.clone()).degraded("SavepointFailed", shown).requeue(Duration::from_secs(1))
         }
     }
 }

@@ -217,6 +217,21 @@ impl StreamJobSpec {
                 "expected a duration above 0",
             ));
         }
+        // A savepoint waits for a checkpoint in flight, then may take up to
+        // checkpoint.timeout itself. An operator that gave up sooner would
+        // cancel savepoints the runtime is still allowed to complete.
+        let least = self.checkpoint.timeout.get() * 2;
+        if self.savepoint_timeout.get() < least {
+            return Err(spec_invalid(
+                "savepointTimeout",
+                format!(
+                    "{} is below twice checkpoint.timeout ({}): a savepoint may wait for a checkpoint in flight and then take up to checkpoint.timeout itself; expected at least {}",
+                    self.savepoint_timeout,
+                    self.checkpoint.timeout,
+                    crate::pipeline::HumanDuration::from_millis(least.as_millis() as u64)
+                ),
+            ));
+        }
         Ok(pipeline)
     }
 }

@@ -290,6 +290,23 @@ fn restart_backoff_initial_above_max_is_refused() {
 }
 
 #[test]
+fn a_savepoint_timeout_shorter_than_two_checkpoint_timeouts_is_refused_naming_both() {
+    let job = parse(&with(minimal(), "/spec/savepointTimeout", json!("90s")));
+    let err = job.spec.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("savepointTimeout: 90s is below twice checkpoint.timeout (1m)")
+            && err.contains("expected at least 2m"),
+        "{err}"
+    );
+    let job = parse(&with(
+        with(minimal(), "/spec/savepointTimeout", json!("90s")),
+        "/spec/checkpoint/timeout",
+        json!("45s"),
+    ));
+    assert!(job.spec.validate().is_ok());
+}
+
+#[test]
 fn the_example_passes_every_controller_check() {
     assert_eq!(
         parse(&example_json()).spec.validate().unwrap().parallelism,
