@@ -26,6 +26,9 @@
 //! that long before each batch it takes in: backpressure on demand, for
 //! tests and benchmarks of checkpoints under backpressure.
 //! `WEIR_SLOW_STAGE=<stage>:<duration>` does the same for another stage.
+//! `WEIR_SLOW_SHARED_WRITE=<checkpoint>:<duration>` delays every write of a
+//! shared state file (incremental checkpoints) of that checkpoint: a slow
+//! store under which the checkpoint is abandoned mid-write.
 
 use std::sync::OnceLock;
 
@@ -73,4 +76,21 @@ pub fn slow_sink() -> Option<std::time::Duration> {
         let d = weir_api::pipeline::HumanDuration::parse(&text).ok()?;
         Some(d.get())
     })
+}
+
+/// Waits before a shared state file of `checkpoint_id` is written, when
+/// `WEIR_SLOW_SHARED_WRITE` names that checkpoint.
+pub async fn slow_shared_write(checkpoint_id: u64) {
+    static SLOW: OnceLock<Option<(u64, std::time::Duration)>> = OnceLock::new();
+    let slow = *SLOW.get_or_init(|| {
+        let text = std::env::var("WEIR_SLOW_SHARED_WRITE").ok()?;
+        let (id, d) = text.split_once(':')?;
+        Some((id.parse().ok()?, weir_api::pipeline::HumanDuration::parse(d).ok()?.get()))
+    });
+    if let Some((id, d)) = slow {
+        if id == checkpoint_id {
+            tracing::warn!(checkpoint_id, delay_ms = d.as_millis() as u64, "slow shared write injected");
+            tokio::time::sleep(d).await;
+        }
+    }
 }

@@ -8,16 +8,26 @@
 //! `Error::Fenced` instead. Before a trigger it takes ownership of the
 //! snapshot's directory, so no other run ever writes state into it. A checkpoint that is declined or not
 //! complete within the timeout is abandoned and the job goes on; the next one
-//! gets a new id. Savepoints are checkpoints that are kept, and that sinks do
-//! not commit on (their output is committed by the next checkpoint). When
-//! every source has ended, a final checkpoint is taken; once it is committed
-//! the workers are told to shut down and the job has finished.
+//! gets a new id. Savepoints are checkpoints that are kept: they complete
+//! like checkpoints (recorded in the lineage, so a crash after one restores
+//! it or a later checkpoint, and sinks commit their output up to it), in a
+//! directory of their own that retention never deletes. When every source
+//! has ended, a final checkpoint is taken; once it is committed the workers
+//! are told to shut down and the job has finished.
 //!
 //! Savepoints are requested through the control endpoint by request id; their
 //! outcomes are kept in the run's [`SavepointBook`], which callers poll. A
 //! savepoint that *stops* the job (before an upgrade, a suspension or a
 //! deletion, which restore from it or end with it) is the run's last
-//! snapshot: no checkpoint follows it, so no output is committed after it.
+//! snapshot: sources emit nothing after its barrier, no checkpoint follows
+//! it, and it is reported complete only once every worker's sinks have
+//! committed it, so that a job stopped and never resumed has published
+//! everything it read up to the savepoint and leaves nothing open.
+//!
+//! A checkpoint of incremental state names shared files of earlier
+//! checkpoints. It is completed only if each of them is named by a
+//! checkpoint that retention keeps (`retained_shared`), so that no
+//! complete checkpoint ever names a file retention deleted.
 //!
 //! The coordinator holds no job data: losing it fails the run, and the run is
 //! restored from the latest completed checkpoint like any other failure.
@@ -92,6 +102,15 @@ struct Pending {
     request: Option<Ask>,
 }
 
+/// A stopping savepoint that completed, waiting for every worker's sinks
+/// to commit it before it is reported.
+struct StopCommit {
+    id: u64,
+    ask: Ask,
+    status: CheckpointStatus,
+    waiting: BTreeSet<u32>,
+}
+
 struct Coordinator {
     cfg: CoordinatorConfig,
     status: SharedStatus,
@@ -111,6 +130,16 @@ struct Coordinator {
     savepoint_queue: VecDeque<Ask>,
     /// Set once a stopping savepoint completed: no snapshot follows.
     stopped_by: Option<u64>,
+    /// The request that stopped the job, so that it can be cancelled.
+    stopped_for: Option<String>,
+    /// The stopping savepoint whose commits are awaited.
+    stop_commit: Option<StopCommit>,
+    /// A stopping savepoint was abandoned: its sources wait for the next
+    /// barrier to go on, so one is triggered at once.
+    resume_sources: bool,
+    /// The shared state files each complete checkpoint that retention
+    /// keeps names (the newest `retain` ones), by checkpoint id.
+    retained_shared: std::collections::BTreeMap<u64, std::collections::HashSet<String>>,
     /// Each worker's (records in, records out, records skipped, records late).
     metrics: HashMap<u32, (u64, u64, u64, u64)>,
     /// Set when a newer run has claimed the job: this run ends with it.
@@ -122,6 +151,7 @@ struct Coordinator {
 /// Runs the coordinator until the job finishes (Ok) or a worker is lost (Err).
 pub async fn run(cfg: CoordinatorConfig, listener: TcpListener, mut api: mpsc::Receiver<ApiRequest>, status: SharedStatus) -> Result<()> {
     let next_id = cfg.storage.next_id().await?;
+    let retained_shared = retained_shared_files(&cfg.storage).await?;
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let run_id = cfg.run_id.clone();
     tokio::spawn(accept_workers(listener, run_id, cfg.run_proof.clone(), cfg.restored_from.clone(), events_tx));
@@ -141,6 +171,10 @@ pub async fn run(cfg: CoordinatorConfig, listener: TcpListener, mut api: mpsc::R
         final_failed: false,
         savepoint_queue: VecDeque::new(),
         stopped_by: None,
+        stopped_for: None,
+        stop_commit: None,
+        resume_sources: false,
+        retained_shared,
         metrics: HashMap::new(),
         fenced: None,
         forgot_older_runs: false,
@@ -157,7 +191,10 @@ pub async fn run(cfg: CoordinatorConfig, listener: TcpListener, mut api: mpsc::R
                 }
             }
             req = api.recv() => {
-                if let Some(ApiRequest::Savepoint { request_id, stop }) = req {
+                if let Some(ApiRequest::Cancel { request_id, done }) = req {
+                    c.cancel(&request_id).await;
+                    let _ = done.send(());
+                } else if let Some(ApiRequest::Savepoint { request_id, stop }) = req {
                     if !c.cfg.snapshots {
                         c.cfg.savepoints.fail(
                             &request_id,
@@ -182,6 +219,18 @@ pub async fn run(cfg: CoordinatorConfig, listener: TcpListener, mut api: mpsc::R
             return Err(Error::Job("the final checkpoint failed; the job is restored from its latest completed checkpoint".into()));
         }
     }
+}
+
+/// The shared state files of the complete checkpoints in storage, by id:
+/// what retention keeps until this run completes checkpoints of its own.
+async fn retained_shared_files(storage: &CheckpointStorage) -> Result<std::collections::BTreeMap<u64, std::collections::HashSet<String>>> {
+    let mut out = std::collections::BTreeMap::new();
+    for (info, meta) in storage.list_with_metadata().await? {
+        if let (SnapshotKind::Checkpoint, Some(meta)) = (info.kind, meta) {
+            out.insert(info.id, meta.operators.values().flatten().flat_map(|s| s.shared.iter().map(|f| f.name.clone())).collect());
+        }
+    }
+    Ok(out)
 }
 
 async fn accept_workers(listener: TcpListener, run_id: String, proof: String, restored_from: Option<String>, events: mpsc::UnboundedSender<Event>) {
@@ -354,6 +403,7 @@ impl Coordinator {
                 ToCoordinator::SourceFinished { subtask } => {
                     self.sources_finished.insert(subtask);
                 }
+                ToCoordinator::Committed { checkpoint_id } => self.on_committed(worker, checkpoint_id),
                 ToCoordinator::Metrics { records_in, records_out, records_skipped, records_late } => {
                     self.metrics.insert(worker, (records_in, records_out, records_skipped, records_late));
                     let (i, o, k, l) = self.metrics.values().fold((0, 0, 0, 0), |(a, b, c, d), (w, x, y, z)| (a + w, b + x, c + y, d + z));
@@ -392,7 +442,9 @@ impl Coordinator {
             }
             return;
         }
-        if let Some(request) = self.savepoint_queue.pop_front() {
+        if std::mem::take(&mut self.resume_sources) {
+            self.trigger(SnapshotKind::Checkpoint, false, None).await;
+        } else if let Some(request) = self.savepoint_queue.pop_front() {
             self.trigger(SnapshotKind::Savepoint, false, Some(request)).await;
         } else if self.sources_finished.len() == self.cfg.parallelism as usize {
             self.trigger(SnapshotKind::Checkpoint, true, None).await;
@@ -407,7 +459,7 @@ impl Coordinator {
         if !self.cfg.snapshots {
             // The final barrier of an at-most-once job: no directory, no state.
             tracing::debug!(id, "triggering the final flush");
-            self.broadcast(ToWorker::Trigger(Barrier { checkpoint_id: id, savepoint: false, is_final, dir: String::new() }));
+            self.broadcast(ToWorker::Trigger(Barrier { checkpoint_id: id, savepoint: false, is_final, dir: String::new(), stop: false }));
             self.last_trigger = Instant::now();
             self.set_phase("finishing");
             self.pending = Some(Pending { id, kind, is_final, dir: String::new(), started: Instant::now(), acks: HashMap::new(), request });
@@ -454,7 +506,8 @@ impl Coordinator {
             }
         }
         tracing::debug!(id, ?kind, is_final, "triggering checkpoint");
-        self.broadcast(ToWorker::Trigger(Barrier { checkpoint_id: id, savepoint: kind == SnapshotKind::Savepoint, is_final, dir: dir.clone() }));
+        let stop = request.as_ref().is_some_and(|r| r.stop);
+        self.broadcast(ToWorker::Trigger(Barrier { checkpoint_id: id, savepoint: kind == SnapshotKind::Savepoint, is_final, dir: dir.clone(), stop }));
         self.last_trigger = Instant::now();
         if let Ok(mut s) = self.status.lock() {
             s.checkpoint_in_progress = Some(id);
@@ -472,6 +525,12 @@ impl Coordinator {
             tracing::info!(id = p.id, "final flush complete");
             self.broadcast(ToWorker::Complete { checkpoint_id: p.id });
             self.final_completed = p.is_final;
+            return;
+        }
+        if let Some(gone) = self.shared_file_not_retained(&p) {
+            self.pending = Some(p);
+            self.abort_pending(format!("it names the shared state file {gone}, which no retained checkpoint names any more"))
+                .await;
             return;
         }
         let mut meta = CheckpointMetadata::new(&self.cfg.job, p.id, p.kind, self.cfg.parallelism, self.cfg.max_parallelism, p.is_final);
@@ -506,7 +565,13 @@ impl Coordinator {
                         SnapshotKind::Savepoint => s.last_savepoint = Some(st.clone()),
                     }
                 }
+                if p.kind == SnapshotKind::Savepoint && !p.is_final {
+                    // A savepoint's output is published like a checkpoint's.
+                    // A stopping one's is awaited before it is reported.
+                    self.broadcast(ToWorker::Complete { checkpoint_id: p.id });
+                }
                 if p.kind == SnapshotKind::Checkpoint {
+                    self.retain_shared(&meta);
                     let storage = self.cfg.storage.clone();
                     let retain = self.cfg.retain;
                     let claim = self.cfg.claim.clone();
@@ -540,18 +605,17 @@ impl Coordinator {
                 }
                 if let Some(ask) = p.request.take() {
                     if ask.stop {
-                        tracing::info!(id = p.id, "stopped with a savepoint: no further checkpoint is taken");
+                        tracing::info!(id = p.id, "stopped with a savepoint: no further checkpoint is taken; waiting for the sinks to commit it");
                         self.stopped_by = Some(p.id);
+                        self.stopped_for = Some(ask.request_id.clone());
                         for other in self.savepoint_queue.drain(..) {
                             let reason = format!("the job was stopped with savepoint {} before this one could be taken", p.id);
                             self.cfg.savepoints.fail(&other.request_id, reason);
                         }
-                    }
-                    self.cfg.savepoints.complete(&ask.request_id, st);
-                    if ask.stop && self.cfg.end_after_stop {
-                        // Every worker answers Finished; then all shut down together.
-                        self.set_phase("stopped");
-                        self.broadcast(ToWorker::Stopped { savepoint_id: p.id });
+                        let waiting = self.workers.keys().copied().collect();
+                        self.stop_commit = Some(StopCommit { id: p.id, ask, status: st, waiting });
+                    } else {
+                        self.cfg.savepoints.complete(&ask.request_id, st);
                     }
                 }
             }
@@ -568,6 +632,79 @@ impl Coordinator {
         }
     }
 
+    /// A worker's sinks committed `checkpoint_id`: once every worker's have
+    /// committed a stopping savepoint, it is reported complete (and a local
+    /// job ends).
+    fn on_committed(&mut self, worker: u32, checkpoint_id: u64) {
+        let Some(sc) = &mut self.stop_commit else { return };
+        if sc.id != checkpoint_id {
+            return;
+        }
+        sc.waiting.remove(&worker);
+        if !sc.waiting.is_empty() {
+            return;
+        }
+        let Some(StopCommit { id, ask, status, .. }) = self.stop_commit.take() else { return };
+        tracing::info!(id, "every sink committed the stopping savepoint");
+        self.cfg.savepoints.complete(&ask.request_id, status);
+        if self.cfg.end_after_stop {
+            // Every worker answers Finished; then all shut down together.
+            self.set_phase("stopped");
+            self.broadcast(ToWorker::Stopped { savepoint_id: id });
+        }
+    }
+
+    /// The requester no longer wants the job stopped for `request_id`: a
+    /// queued savepoint is dropped and an unfinished one abandoned (both
+    /// reported failed); a stopping savepoint that already completed stays
+    /// a usable savepoint (reported completed), and the job goes on. In
+    /// every case a job stopped for it resumes checkpointing, its sources
+    /// released by the next barrier, triggered at once. A job that already
+    /// ended locally (`end_after_stop`) cannot be resumed here.
+    async fn cancel(&mut self, request_id: &str) {
+        const WHY: &str = "cancelled by its requester; the job goes on";
+        if let Some(pos) = self.savepoint_queue.iter().position(|a| a.request_id == request_id) {
+            self.savepoint_queue.remove(pos);
+            self.cfg.savepoints.fail(request_id, WHY);
+        } else if self.pending.as_ref().and_then(|p| p.request.as_ref()).is_some_and(|a| a.request_id == request_id) {
+            self.abort_pending(WHY.into()).await;
+        } else if self.stopped_for.as_deref() == Some(request_id) && (self.stop_commit.is_some() || !self.cfg.end_after_stop) {
+            if let Some(sc) = self.stop_commit.take() {
+                // Its sinks commit it whatever happens; the savepoint is usable.
+                self.cfg.savepoints.complete(&sc.ask.request_id, sc.status);
+            }
+            tracing::info!(id = ?self.stopped_by, "the stop was cancelled; the job goes on");
+            self.stopped_by = None;
+            self.stopped_for = None;
+            self.resume_sources = true;
+            self.set_phase("running");
+        }
+    }
+
+    /// A shared state file the pending checkpoint names that it did not
+    /// write and no retained checkpoint names: retention deleted it, or
+    /// will, so the checkpoint would not restore. (A subtask builds on the
+    /// chain of the newest completion it heard of, which retention may have
+    /// retired meanwhile.)
+    fn shared_file_not_retained(&self, p: &Pending) -> Option<String> {
+        let own = |name: &str| crate::checkpoint::storage::shared_file_checkpoint(name) == Some(p.id);
+        p.acks
+            .values()
+            .flat_map(|ack| ack.operators.iter().flat_map(|(_, s)| s.shared.iter()))
+            .map(|f| &f.name)
+            .find(|name| !own(name) && !self.retained_shared.values().any(|names| names.contains(*name)))
+            .cloned()
+    }
+
+    /// Mirrors retention: it keeps the newest `retain` complete checkpoints.
+    fn retain_shared(&mut self, meta: &CheckpointMetadata) {
+        let names = meta.operators.values().flatten().flat_map(|s| s.shared.iter().map(|f| f.name.clone())).collect();
+        self.retained_shared.insert(meta.checkpoint_id, names);
+        while self.retained_shared.len() > self.cfg.retain.max(1) {
+            self.retained_shared.pop_first();
+        }
+    }
+
     async fn abort_pending(&mut self, reason: String) {
         let Some(mut p) = self.pending.take() else { return };
         tracing::warn!(id = p.id, %reason, "checkpoint abandoned; the job goes on");
@@ -579,6 +716,8 @@ impl Coordinator {
         }
         if let Some(ask) = p.request.take() {
             self.cfg.savepoints.fail(&ask.request_id, format!("savepoint {} failed: {reason}", p.id));
+            // Its sources stopped at its barrier and wait for the next one.
+            self.resume_sources = ask.stop;
         }
         // The owner record stays, so that no later run reuses the id while a
         // straggling state write of this one may still land in it. (An
@@ -710,7 +849,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn after_a_stopping_savepoint_no_checkpoint_is_taken() {
+    async fn a_stopping_savepoint_is_committed_reported_once_committed_and_followed_by_no_checkpoint_until_cancelled() {
         let dir = tempfile::tempdir().unwrap();
         let storage = CheckpointStorage::open(dir.path().to_str().unwrap(), "job", true).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -729,12 +868,13 @@ mod tests {
             snapshots: true,
             timeout: Duration::from_secs(5),
             retain: 3,
-            storage,
+            storage: storage.clone(),
             savepoints: book.clone(),
             restored_from: None,
             end_after_stop: false,
             claim: claim.clone(),
         };
+        let storage_for_test = storage;
         let (api_tx, api_rx) = mpsc::channel(4);
         let _coordinator = tokio::spawn(run(cfg, listener, api_rx, Arc::new(Mutex::new(JobStatus::default()))));
         let mut conn = framed(connect(addr, Duration::from_secs(5)).await.unwrap());
@@ -745,36 +885,53 @@ mod tests {
         assert!(matches!(book.admit("stop-1"), crate::checkpoint::savepoints::Admission::New(_)));
         api_tx.send(ApiRequest::Savepoint { request_id: "stop-1".into(), stop: true }).await.unwrap();
         // Acknowledge every snapshot (periodic checkpoints may come first) until the savepoint.
-        loop {
+        let savepoint = loop {
             match recv_skipping_heartbeats(&mut conn).await.unwrap() {
                 Some(ToWorker::Trigger(b)) => {
                     let ack = SubtaskAck { stage: 0, subtask: 0, operators: vec![] };
                     send(&mut conn, &ToCoordinator::Ack { checkpoint_id: b.checkpoint_id, ack }, "c").await.unwrap();
                     if b.savepoint {
-                        break;
+                        assert!(b.stop, "a stopping savepoint's barrier says so: the sources stop at it");
+                        break b.checkpoint_id;
                     }
                 }
                 Some(ToWorker::Complete { .. }) => {}
                 other => panic!("unexpected {other:?}"),
             }
-        }
-        // Many intervals pass without another trigger.
-        let quiet = tokio::time::timeout(Duration::from_millis(300), async {
-            loop {
-                match recv_skipping_heartbeats(&mut conn).await.unwrap() {
-                    Some(ToWorker::Complete { .. }) => {}
-                    other => return other,
-                }
+        };
+        // The savepoint completes like a checkpoint: its sinks are told to commit.
+        loop {
+            match recv_skipping_heartbeats(&mut conn).await.unwrap() {
+                Some(ToWorker::Complete { checkpoint_id }) if checkpoint_id == savepoint => break,
+                Some(ToWorker::Complete { .. }) => {}
+                other => panic!("unexpected {other:?}"),
             }
-        })
-        .await;
-        assert!(quiet.is_err(), "a snapshot after the stopping savepoint: {quiet:?}");
+        }
+        // Many intervals pass without another trigger, and the savepoint is
+        // not reported before the worker says its sinks committed it.
+        let quiet = tokio::time::timeout(Duration::from_millis(300), recv_skipping_heartbeats(&mut conn)).await;
+        assert!(quiet.is_err(), "a message after the stopping savepoint's completion: {quiet:?}");
+        assert_eq!(book.get("stop-1").map(|o| o.state), Some(weir_api::control::SavepointState::Pending));
+        send(&mut conn, &ToCoordinator::Committed { checkpoint_id: savepoint }, "c").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(book.get("stop-1").map(|o| o.state), Some(weir_api::control::SavepointState::Completed));
+        let lineage = storage_for_test.latest().await.unwrap().expect("the savepoint is in the lineage");
+        assert!(lineage.display.contains("savepoints/sp-"), "{}", lineage.display);
         assert!(matches!(book.admit("later"), crate::checkpoint::savepoints::Admission::New(_)));
         api_tx.send(ApiRequest::Savepoint { request_id: "later".into(), stop: false }).await.unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
         let later = book.get("later").unwrap();
         assert_eq!(later.state, weir_api::control::SavepointState::Failed);
         assert!(later.error.unwrap().contains("stopped with savepoint"));
+
+        // The requester gives up on the stop (an operator whose user set
+        // spec.state back to running): the job takes checkpoints again and
+        // the savepoint stays usable.
+        let (done, answered) = tokio::sync::oneshot::channel();
+        api_tx.send(ApiRequest::Cancel { request_id: "stop-1".into(), done }).await.unwrap();
+        answered.await.unwrap();
+        assert_eq!(book.get("stop-1").map(|o| o.state), Some(weir_api::control::SavepointState::Completed));
+        let next = tokio::time::timeout(Duration::from_secs(5), recv_skipping_heartbeats(&mut conn)).await.expect("a checkpoint after the cancelled stop");
+        assert!(matches!(next, Ok(Some(ToWorker::Trigger(ref b))) if !b.savepoint && b.checkpoint_id > savepoint), "{next:?}");
     }
 }

@@ -302,6 +302,12 @@ impl Location {
 /// write cut off by a kill leaves one. The store's listings hide such files
 /// and its `delete` refuses their names; they are found and removed with
 /// the file system instead.
+/// The checkpoint that wrote a shared state file
+/// (`<op>-<subtask>-<run>-chk<id>.arrow`).
+pub fn shared_file_checkpoint(name: &str) -> Option<u64> {
+    name.rsplit_once("-chk").and_then(|(_, rest)| rest.strip_suffix(".arrow")).and_then(|n| n.parse::<u64>().ok())
+}
+
 pub fn is_local_staging(name: &str) -> bool {
     name.rsplit_once('#').is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
@@ -341,6 +347,9 @@ fn join(prefix: &Path, name: &str) -> Path {
 /// Where incremental checkpoints keep their state files, under the job's
 /// directory: a file is shared by every checkpoint whose chain names it.
 pub const SHARED_DIR: &str = "shared";
+
+/// The object holding the identity of a job's state ([`CheckpointStorage::identity`]).
+const IDENTITY: &str = "identity";
 
 /// One job's checkpoints and savepoints.
 #[derive(Clone, Debug)]
@@ -390,18 +399,17 @@ impl CheckpointStorage {
         self.job_root.child(rel)
     }
 
-    /// Completes a snapshot for `claim`'s run: metadata last, then (for
-    /// checkpoints) the lineage record. Fails with [`Error::Fenced`], before
+    /// Completes a snapshot (checkpoint or savepoint) for `claim`'s run:
+    /// metadata last, then the lineage record. Fails with [`Error::Fenced`], before
     /// or after writing, once a newer run has claimed the job; the caller must
     /// then not let any sink commit.
     pub async fn complete(&self, rel_dir: &str, meta: &CheckpointMetadata, claim: &RunClaim) -> Result<Location> {
         self.check_fence(claim).await?;
         let dir = self.dir(rel_dir);
         dir.put_durable(METADATA_FILE, meta.encode()).await?;
-        match meta.kind {
-            SnapshotKind::Checkpoint => self.record_completed(claim, meta.checkpoint_id, rel_dir).await?,
-            SnapshotKind::Savepoint => self.check_fence(claim).await?,
-        }
+        // Savepoints too: a crash after one restores it (or a later
+        // checkpoint), whose output the sinks commit as soon as it completes.
+        self.record_completed(claim, meta.checkpoint_id, rel_dir).await?;
         Ok(dir)
     }
 
@@ -446,6 +454,31 @@ impl CheckpointStorage {
         }
         out.sort_by_key(|(s, _)| (s.id, s.kind == SnapshotKind::Savepoint));
         Ok(out)
+    }
+
+    /// The identity of this job's state: a random id created with it (a
+    /// create-only `identity` object) and kept for its life. What the job
+    /// leaves outside weir and cleans up by prefix (the PostgreSQL sink's
+    /// prepared transactions and progress rows) carries it beside the job
+    /// id, so that two states of one job id sharing a database (two state
+    /// directories, or a job id that collides) never take each other's
+    /// writes for their own.
+    pub async fn identity(&self) -> Result<String> {
+        for _ in 0..3 {
+            if let Some(bytes) = self.job_root.get(IDENTITY).await? {
+                let id = std::str::from_utf8(&bytes).map(str::trim).unwrap_or_default();
+                if id.is_empty() || id.len() > 32 || !id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()) {
+                    return Err(Error::BadCheckpoint {
+                        location: format!("{}/{IDENTITY}", self.job_root.display),
+                        message: "the job state's identity is damaged: expected 1 to 32 lowercase letters or digits".into(),
+                    });
+                }
+                return Ok(id.to_string());
+            }
+            let id: String = (0..4).map(|_| format!("{:02x}", rand::random::<u8>())).collect();
+            self.job_root.create_durable(IDENTITY, id.into_bytes()).await?;
+        }
+        Err(Error::StateDir { dir: self.job_root.display.clone(), message: format!("its `{IDENTITY}` object keeps disappearing") })
     }
 
     /// The smallest id above every id ever used, so that no new checkpoint
@@ -496,7 +529,7 @@ impl CheckpointStorage {
                 referenced.extend(s.shared.iter().map(|f| f.name.clone()));
             }
         }
-        let id_of = |file: &str| file.rsplit_once("-chk").and_then(|(_, rest)| rest.strip_suffix(".arrow")).and_then(|n| n.parse::<u64>().ok());
+        let id_of = shared_file_checkpoint;
         for name in names {
             if id_of(&name).is_some_and(|id| id <= newest) && !referenced.contains(&name) {
                 shared.delete(&name).await?;
@@ -518,6 +551,18 @@ impl CheckpointStorage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_states_identity_is_created_once_and_a_damaged_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = CheckpointStorage::open(dir.path().to_str().unwrap(), "job", true).unwrap();
+        let id = storage.identity().await.unwrap();
+        assert_eq!(storage.identity().await.unwrap(), id);
+        let other = CheckpointStorage::open(dir.path().join("other").to_str().unwrap(), "job", true).unwrap();
+        assert_ne!(other.identity().await.unwrap(), id, "two states of one job share an identity");
+        std::fs::write(dir.path().join("job").join(IDENTITY), "not:an:id").unwrap();
+        assert!(storage.identity().await.unwrap_err().to_string().contains("identity is damaged"));
+    }
 
     #[test]
     fn staging_names_are_those_the_local_store_writes() {

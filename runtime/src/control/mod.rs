@@ -42,6 +42,10 @@ pub enum ApiRequest {
     /// Take a savepoint for this (newly admitted) request id; with `stop`, the
     /// run's last snapshot (no checkpoint commits output after it).
     Savepoint { request_id: String, stop: bool },
+    /// Do not stop the job for this request: a queued or unfinished
+    /// savepoint is abandoned; a stopping one that already completed stays
+    /// usable and the job goes on taking checkpoints. Answered once done.
+    Cancel { request_id: String, done: tokio::sync::oneshot::Sender<()> },
 }
 
 /// Who takes savepoints for this process.
@@ -301,13 +305,38 @@ async fn get_savepoint(State(c): State<Control>, path: Result<Path<String>, Path
     }
 }
 
+/// Cancels a savepoint request (an operator that gave up waiting for a
+/// stopping savepoint, or whose user took the stop back): the job must not
+/// stay stopped for a request nobody waits for any more.
+async fn delete_savepoint(State(c): State<Control>, path: Result<Path<String>, PathRejection>) -> Response {
+    let Ok(Path(request_id)) = path else { return error(StatusCode::BAD_REQUEST, "the request id in the path is not valid UTF-8") };
+    let coordinator = match &*lock(&c.inner.savepoints) {
+        Savepoints::Coordinator(tx) => tx.clone(),
+        Savepoints::NotYet => return error(StatusCode::SERVICE_UNAVAILABLE, "the job is not running yet"),
+        Savepoints::Elsewhere(api) => return error(StatusCode::SERVICE_UNAVAILABLE, format!("savepoints are served by worker 0 at {api}")),
+    };
+    if c.inner.book.get(&request_id).is_none() {
+        return error(StatusCode::NOT_FOUND, format!("no savepoint request `{}` in this run", request_id.escape_debug()));
+    }
+    tracing::info!(%request_id, "savepoint request cancelled");
+    let (done, answered) = tokio::sync::oneshot::channel();
+    if coordinator.send(ApiRequest::Cancel { request_id: request_id.clone(), done }).await.is_ok() {
+        // The coordinator answers at once; a run that ended meanwhile drops the sender.
+        let _ = answered.await;
+    }
+    match c.inner.book.get(&request_id) {
+        Some(o) => Json(o).into_response(),
+        None => error(StatusCode::NOT_FOUND, format!("no savepoint request `{}` in this run", request_id.escape_debug())),
+    }
+}
+
 pub fn router(control: Control) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/v1/status", get(get_status))
         .route("/v1/membership", put(put_membership))
         .route("/v1/savepoints", post(post_savepoint))
-        .route("/v1/savepoints/{request_id}", get(get_savepoint))
+        .route("/v1/savepoints/{request_id}", get(get_savepoint).delete(delete_savepoint))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route") })
         .method_not_allowed_fallback(|| async { error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route") })
         // Outermost, so that it also guards the fallbacks: nothing is revealed without the token.

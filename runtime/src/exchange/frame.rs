@@ -193,7 +193,7 @@ mod tests {
         let b = RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(vec![1, 2, 3]))]).unwrap();
         let mut enc = FrameEncoder::new(&schema).unwrap();
         let mut dec = FrameDecoder::new("test");
-        let barrier = Barrier { checkpoint_id: 4, savepoint: false, is_final: false, dir: "checkpoints/chk-4".into() };
+        let barrier = Barrier { checkpoint_id: 4, savepoint: false, is_final: false, dir: "checkpoints/chk-4".into(), stop: false };
         for msg in [Message::Batch(b.clone()), Message::Barrier(barrier.clone()), Message::Watermark(-42), Message::Idle, Message::Batch(b.clone()), Message::End] {
             let frames = enc.encode(&msg).unwrap();
             assert_eq!(frames.len(), 1);

@@ -27,6 +27,11 @@ pub struct Barrier {
     pub is_final: bool,
     /// Where state goes, relative to the job's storage root.
     pub dir: String,
+    /// A savepoint that stops the job: a source emits nothing after it
+    /// until the next barrier (which only comes if this one was abandoned),
+    /// so that no sink opens a transaction or a file after it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stop: bool,
 }
 
 #[derive(Debug)]

@@ -84,6 +84,9 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
     // workers resume where the sources last read (`worker/read_marks.rs`).
     let at_most_once = spec.guarantee() == weir_api::Guarantee::AtMostOnce;
     let mut resume = at_most_once && opts.restore == Some(RestoreFrom::Latest);
+    // Whether this run goes on with the job's history rather than start it
+    // afresh: `--restore latest`, and every restart.
+    let mut continues = !at_most_once && opts.restore == Some(RestoreFrom::Latest);
     if at_most_once {
         if let Some(RestoreFrom::Path(path)) = &opts.restore {
             return Err(crate::worker::at_most_once_refuses(path));
@@ -229,7 +232,10 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
             if let Some(loc) = &restore {
                 cmd.arg("--restore").arg(&loc.display);
             }
-            if resume {
+            // A restart before the first checkpoint continues this run's
+            // history (`--restore latest` finding no checkpoint): unlike a
+            // fresh start, its sources start where the first attempt's did.
+            if resume || (continues && restore.is_none()) {
                 cmd.arg("--restore").arg("latest");
             }
             if opts.allow_non_restored_state {
@@ -310,6 +316,7 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
                     "where the sources last read (at-most-once: no state is restored)".to_string()
                 } else {
                     restore = storage.latest().await?;
+                    continues = true;
                     restore.as_ref().map(|l| l.display.clone()).unwrap_or_else(|| "the beginning (no checkpoint yet)".into())
                 };
                 eprintln!("{msg}; restarting in {:.1}s from {from} (restart {restarts})", backoff.as_secs_f64());

@@ -92,6 +92,11 @@ pub struct PendingTransaction {
     pub checkpoint: u64,
     /// Its global id, as `PREPARE TRANSACTION` named it.
     pub gid: String,
+    /// Its transaction id (`txid_current()`, epoch-extended), by which a
+    /// restore that no longer finds it prepared asks the server whether it
+    /// committed or was rolled back. Absent in checkpoints of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xid: Option<i64>,
 }
 
 pub enum SinkWriter {
@@ -134,8 +139,10 @@ pub async fn clean_up_after_finish(spec: &SinkSpec, job: &str, run_id: &str, kee
     match spec {
         SinkSpec::File(f) if f.is_s3() => s3_file::discard_unreferenced(&s3_file::Output::open(&f.path)?, job, run_id, keep).await,
         SinkSpec::File(f) => file::discard_unreferenced(&base_dir.join(&f.path), job, run_id, keep),
-        SinkSpec::Postgres(p) if p.mode == PostgresMode::TwoPhaseCommit => postgres::discard_unreferenced(p, job, run_id, keep).await,
-        SinkSpec::Postgres(p) if p.mode == PostgresMode::WriteAheadLog => postgres::discard_after_finish(p, &storage.dir(LOG_DIR), job, run_id, keep).await,
+        SinkSpec::Postgres(p) if p.mode == PostgresMode::TwoPhaseCommit => postgres::discard_unreferenced(p, &postgres_scope(job, storage).await?, run_id, keep).await,
+        SinkSpec::Postgres(p) if p.mode == PostgresMode::WriteAheadLog => {
+            postgres::discard_after_finish(p, &storage.dir(LOG_DIR), &postgres_scope(job, storage).await?, run_id, keep).await
+        }
         SinkSpec::Kafka(k) if k.guarantee == Guarantee::ExactlyOnce => kafka::discard_after_finish(&storage.dir(LOG_DIR), run_id, keep).await,
         _ => Ok(()),
     }
@@ -208,6 +215,27 @@ pub(crate) fn encode_jsonl(batch: &RecordBatch) -> std::result::Result<Vec<u8>, 
     Ok(w.into_inner())
 }
 
+/// What a worker does before it opens any of its sink subtasks: the Kafka
+/// exactly-once sink fences the transactions earlier runs of each hosted
+/// subtask may have left open (`subtasks`: each with the restored states it
+/// takes over), so that no subtask's restore waits on a sibling's.
+pub async fn before_opening(spec: &SinkSpec, job: &str, subtasks: &[(u32, Vec<SinkState>)], parallelism: u32, storage: &CheckpointStorage) -> Result<()> {
+    match spec {
+        SinkSpec::Kafka(k) if k.guarantee == Guarantee::ExactlyOnce && subtasks.len() > 1 => {
+            kafka::Transactional::fence_earlier_runs(k, job, subtasks, parallelism, &storage.dir(LOG_DIR)).await
+        }
+        _ => Ok(()),
+    }
+}
+
+/// What the PostgreSQL sink names its prepared transactions and progress
+/// rows by, and cleans up by: the job id and its state's identity
+/// (`<job>:<identity>`), so that two states of one job id sharing a
+/// database leave each other's alone.
+async fn postgres_scope(job: &str, storage: &CheckpointStorage) -> Result<String> {
+    Ok(format!("{job}:{}", storage.identity().await?))
+}
+
 impl SinkWriter {
     /// `schema` is the records' schema as they reach the sink; `storage`
     /// the job's checkpoint storage (for a write-ahead log).
@@ -215,10 +243,13 @@ impl SinkWriter {
     pub async fn open(spec: &SinkSpec, schema: &Schema, job: &str, subtask: u32, run_id: &str, restore: SinkRestore<'_>, base_dir: &Path, storage: &CheckpointStorage) -> Result<Self> {
         Ok(match spec {
             SinkSpec::Postgres(p) => match p.mode {
-                PostgresMode::TwoPhaseCommit => SinkWriter::PostgresTwoPhase(postgres::TwoPhaseCommit::open(p, schema, job, subtask, run_id, restore).await?),
+                PostgresMode::TwoPhaseCommit => {
+                    SinkWriter::PostgresTwoPhase(postgres::TwoPhaseCommit::open(p, schema, &postgres_scope(job, storage).await?, subtask, run_id, restore).await?)
+                }
                 PostgresMode::Upsert => SinkWriter::PostgresUpsert(postgres::Upsert::open(p, schema).await?),
                 PostgresMode::WriteAheadLog => {
-                    SinkWriter::PostgresWriteAhead(postgres::WriteAheadLog::open(p, schema, job, subtask, run_id, storage.dir(LOG_DIR), restore).await?)
+                    let scope = postgres_scope(job, storage).await?;
+                    SinkWriter::PostgresWriteAhead(postgres::WriteAheadLog::open(p, schema, &scope, subtask, run_id, storage.dir(LOG_DIR), restore).await?)
                 }
             },
             SinkSpec::Kafka(k) if k.guarantee == Guarantee::ExactlyOnce => {

@@ -73,7 +73,7 @@ fn split_id(topic: &str, partition: i32) -> String {
 }
 
 impl KafkaReader {
-    pub fn new(spec: &KafkaSourceSpec, schema: SchemaRef, subtask: u32, parallelism: u32, restored: Option<&SourcePositions>) -> Result<Self> {
+    pub fn new(spec: &KafkaSourceSpec, schema: SchemaRef, subtask: u32, parallelism: u32, restored: Option<&SourcePositions>, started: &SourcePositions) -> Result<Self> {
         let topic = spec.topic.clone();
         let context = format!("kafka source {} topic {topic}", spec.bootstrap_servers);
         let mut config = kafka::client_config(&spec.bootstrap_servers, &format!("weir-source-{subtask}"), user_settings(spec), Scope::All)?;
@@ -119,7 +119,8 @@ impl KafkaReader {
         let mut unreported = 0;
         for p in (0..partitions).filter(|p| *p as u32 % parallelism == subtask) {
             let id = split_id(&topic, p);
-            let offset = match restored.and_then(|r| r.splits.get(&id)) {
+            let recorded = if restored.is_none() { started.splits.get(&id) } else { None };
+            let offset = match restored.and_then(|r| r.splits.get(&id)).or(recorded) {
                 Some(&o) => i64::try_from(o).map_err(|_| Error::BadCheckpoint { location: id.clone(), message: format!("offset {o} is out of range") })?,
                 None => {
                     let (low, high) = consumer.fetch_watermarks(&topic, p, REQUEST_TIMEOUT).map_err(|e| kafka::error(&context, e))?;

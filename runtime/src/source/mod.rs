@@ -68,7 +68,10 @@ pub enum Poll {
 
 impl SourceReader {
     /// Opens the splits `subtask` owns, at the positions of `restored` (the
-    /// states of every subtask of the checkpoint, in any order).
+    /// states of every subtask of the checkpoint, in any order). Without
+    /// them, a Kafka partition starts where `started` says (where this
+    /// history first started it, `worker/start_positions.rs`), else where
+    /// `start` says.
     pub fn open(
         spec: &SourceSpec,
         schema: SchemaRef,
@@ -76,6 +79,7 @@ impl SourceReader {
         parallelism: u32,
         max_parallelism: u32,
         restored: &[SourcePositions],
+        started: &SourcePositions,
         base_dir: &Path,
     ) -> Result<Self> {
         let mut positions = SourcePositions::default();
@@ -95,7 +99,7 @@ impl SourceReader {
             // starts partitions its checkpoint lacks at their beginning.
             SourceSpec::Kafka(k) => {
                 let restored = (!restored.is_empty()).then_some(&positions);
-                SourceReader::Kafka(kafka::KafkaReader::new(k, schema, subtask, parallelism, restored)?)
+                SourceReader::Kafka(kafka::KafkaReader::new(k, schema, subtask, parallelism, restored, started)?)
             }
             SourceSpec::Socket(s) => SourceReader::Socket(socket::SocketReader::new(s, schema, subtask)?),
         })

@@ -530,7 +530,7 @@ mod tests {
     }
 
     fn barrier(id: u64) -> Message {
-        Message::Barrier(Barrier { checkpoint_id: id, savepoint: false, is_final: false, dir: String::new() })
+        Message::Barrier(Barrier { checkpoint_id: id, savepoint: false, is_final: false, dir: String::new(), stop: false })
     }
 
     fn value(e: &GateEvent) -> i64 {
@@ -683,6 +683,7 @@ mod tests {
             savepoint: false,
             is_final: false,
             dir: String::new(),
+            stop: false,
         }
     }
 
@@ -829,6 +830,7 @@ mod tests {
             savepoint: true,
             is_final: false,
             dir: String::new(),
+            stop: false,
         };
         tx0.send(Message::Barrier(savepoint.clone())).await.unwrap();
         tx0.send(batch(100)).await.unwrap();

@@ -18,6 +18,7 @@ pub mod protocol;
 mod read_marks;
 mod snapshot;
 pub mod restore;
+pub(crate) mod start_positions;
 mod start;
 pub mod subtask;
 
@@ -28,7 +29,7 @@ use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
 use tokio::net::TcpListener;
-use tokio::sync::{broadcast, mpsc, oneshot, Notify};
+use tokio::sync::{broadcast, mpsc, oneshot, watch, Notify};
 use tokio::task::JoinSet;
 use tokio_util::codec::{FramedRead, FramedWrite};
 
@@ -41,8 +42,8 @@ use crate::exchange::partition::Partitioner;
 use crate::exchange::{Barrier, Message, CHANNEL_CAPACITY};
 use crate::operator::Operator;
 use crate::plan::{JobPlan, OperatorKind, StageOutput, WindowPlan, SINK_ID};
-use crate::sink::{SinkRestore, SinkWriter};
-use crate::source::SourceReader;
+use crate::sink::{SinkRestore, SinkState, SinkWriter};
+use crate::source::{SourcePositions, SourceReader};
 
 pub use protocol::Cluster;
 pub use start::{at_most_once_refuses, run, Placement};
@@ -50,7 +51,7 @@ use protocol::{framed, send, ToCoordinator, ToWorker};
 use restore::RestoreFrom;
 use start::restore_state;
 use gate::{Alignment, InputGate, Unaligning};
-use weir_api::{Guarantee, SinkSpec};
+use weir_api::{Guarantee, SinkSpec, SourceSpec};
 use read_marks::ReadMarks;
 use subtask::{AtMostOnce, Counters, Incremental, Input, LateRecords, Notification, Output, ReadAhead, SourceClock, Subtask};
 
@@ -186,13 +187,29 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     let mut sink_notifications: HashMap<u32, broadcast::Receiver<Notification>> = hosted.iter().map(|&j| (j, notify_tx.subscribe())).collect();
     // Subtasks that write late records commit them as a sink does; those
     // of stages other than the sink's hear of completions on their own.
+    // So does every subtask under incremental checkpoints: its chains of
+    // state files move when their checkpoint completes.
     let late_outputs = plan.late_records_outputs();
-    let mut late_notifications: HashMap<(usize, u32), broadcast::Receiver<Notification>> = HashMap::new();
-    for (stage, ..) in &late_outputs {
-        if !matches!(plan.stages[*stage].output, StageOutput::Sink) {
+    let incremental = spec.checkpoint.incremental && !at_most_once;
+    let mut stage_notifications: HashMap<(usize, u32), broadcast::Receiver<Notification>> = HashMap::new();
+    for (stage, plan_stage) in plan.stages.iter().enumerate() {
+        let writes_late = late_outputs.iter().any(|(s, ..)| *s == stage);
+        if (writes_late || incremental) && !matches!(plan_stage.output, StageOutput::Sink) {
             for &j in &hosted {
-                late_notifications.entry((*stage, j)).or_insert_with(|| notify_tx.subscribe());
+                stage_notifications.insert((stage, j), notify_tx.subscribe());
             }
+        }
+    }
+    // What each subtask has committed (`u64::MAX` for one that commits
+    // nothing): a stopping savepoint is reported to the coordinator as
+    // committed once every one has reached it.
+    let mut committed_txs: HashMap<(usize, u32), watch::Sender<u64>> = HashMap::new();
+    let mut committed_rxs = Vec::new();
+    for stage in 0..plan.stage_count() {
+        for &j in &hosted {
+            let (tx, rx) = watch::channel(0u64);
+            committed_txs.insert((stage, j), tx);
+            committed_rxs.push(rx);
         }
     }
     let (start_tx, start_rx) = oneshot::channel::<()>();
@@ -203,6 +220,8 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
         let shutdown = shutdown.clone();
         let stopped = stopped.clone();
         let mut start_tx = Some(start_tx);
+        let to_coord = to_coord.clone();
+        let mut stop_savepoint = None;
         tokio::spawn(async move {
             loop {
                 let Ok(next) = tokio::time::timeout(protocol::heartbeat_timeout(), conn_rx.next()).await else {
@@ -222,6 +241,9 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                         }
                     }
                     Ok(ToWorker::Trigger(b)) => {
+                        if b.stop {
+                            stop_savepoint = Some(b.checkpoint_id);
+                        }
                         if !b.savepoint && !b.is_final {
                             notice_txs.iter().for_each(|t| {
                                 let _ = t.send(b.clone());
@@ -233,6 +255,16 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                     }
                     Ok(ToWorker::Complete { checkpoint_id }) => {
                         let _ = notify_tx.send(Notification::Complete(checkpoint_id));
+                        if stop_savepoint == Some(checkpoint_id) {
+                            let (mut rxs, to_coord) = (committed_rxs.clone(), to_coord.clone());
+                            tokio::spawn(async move {
+                                for rx in &mut rxs {
+                                    // A subtask that ended has nothing left to commit.
+                                    let _ = rx.wait_for(|c| *c >= checkpoint_id).await;
+                                }
+                                let _ = to_coord.send(ToCoordinator::Committed { checkpoint_id });
+                            });
+                        }
                     }
                     Ok(ToWorker::Abort { checkpoint_id }) => {
                         let _ = notify_tx.send(Notification::Abort(checkpoint_id));
@@ -370,6 +402,10 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
         }
         None => Vec::new(),
     };
+    // A fresh start of a source whose start depends on the moment goes on
+    // where this history first started (`start_positions.rs`).
+    let started_on_clock = matches!(spec.source, SourceSpec::Kafka(_));
+    let started = if source_positions.is_empty() && started_on_clock { start_positions::load(&storage).await? } else { SourcePositions::default() };
     let sink_states = match &restored {
         Some(r) => r.sink_states()?,
         None => Vec::new(),
@@ -379,11 +415,17 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     let keep = if hosted.contains(&0) { Some(restore::referenced_sink_files(&storage, restored.as_ref(), SINK_ID).await?) } else { None };
     // Alignment is what exactly-once costs; a job promising less skips it.
     let alignment = if spec.guarantee() == Guarantee::ExactlyOnce { Alignment::Aligned } else { Alignment::Tracked };
+    let mine = |j: u32| -> Vec<SinkState> { sink_states.iter().filter(|(old, _)| old % p == j).map(|(_, s)| s.clone()).collect() };
+    let hosted_sinks: Vec<(u32, Vec<SinkState>)> = hosted.iter().map(|&j| (j, mine(j))).collect();
+    crate::sink::before_opening(&spec.sink, job_id, &hosted_sinks, p, &storage).await?;
     let mut tasks = JoinSet::new();
     for (stage_index, stage) in plan.stages.iter().enumerate() {
         for &j in &hosted {
             let input = if stage_index == 0 {
-                let reader = SourceReader::open(&spec.source, stage.input_schema.clone(), j, p, max_p, &source_positions, &cfg.base_dir)?;
+                let reader = SourceReader::open(&spec.source, stage.input_schema.clone(), j, p, max_p, &source_positions, &started, &cfg.base_dir)?;
+                if source_positions.is_empty() && started_on_clock {
+                    start_positions::save(&storage, j, &reader.positions()?).await?;
+                }
                 let triggers = trigger_rxs.remove(&j).ok_or_else(|| Error::Job("source triggers taken twice".into()))?;
                 let ahead = at_most_once.then(|| ReadAhead::new(ReadMarks::new(&storage, j)));
                 Input::Source { reader, triggers, ahead }
@@ -425,7 +467,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
             let output = match &stage.output {
                 StageOutput::Sink => {
                     let restore = SinkRestore {
-                        mine: sink_states.iter().filter(|(old, _)| old % p == j).map(|(_, s)| s.clone()).collect(),
+                        mine: mine(j),
                         keep: if j == 0 { keep.as_ref() } else { None },
                         parallelism: p,
                         snapshot_log: restored.as_ref().map(|r| r.location.child(crate::sink::LOG_DIR)),
@@ -450,15 +492,16 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                 counters: counters.clone(),
                 at_most_once: at_most_once.then(|| AtMostOnce { flush_every: spec.checkpoint.interval.get() }),
                 clock: if stage_index == 0 { plan.event_time.clone().map(SourceClock::new) } else { None },
-                incremental: (spec.checkpoint.incremental && !at_most_once).then(|| Incremental::new(&cluster.run_id)),
+                incremental: incremental.then(|| Incremental::new(&cluster.run_id)),
                 late_records,
-                late_notifications: late_notifications.remove(&(stage_index, j)),
+                notifications: stage_notifications.remove(&(stage_index, j)),
+                committed: committed_txs.remove(&(stage_index, j)).ok_or_else(|| Error::Job("commit progress taken twice".into()))?,
             };
             tasks.spawn(subtask.run());
         }
     }
     drop(sink_notifications);
-    drop(late_notifications);
+    drop(stage_notifications);
     tracing::info!(worker = index, subtasks = tasks.len(), "worker running");
     let _ = to_coord.send(ToCoordinator::Running);
 

@@ -42,6 +42,10 @@ pub enum ToCoordinator {
     Ack { checkpoint_id: u64, ack: SubtaskAck },
     Decline { checkpoint_id: u64, reason: String },
     SourceFinished { subtask: u32 },
+    /// Every committing subtask of the worker (sinks, late-record outputs)
+    /// has committed this stopping savepoint: the coordinator reports it
+    /// complete once every worker has said so.
+    Committed { checkpoint_id: u64 },
     Metrics {
         records_in: u64,
         records_out: u64,

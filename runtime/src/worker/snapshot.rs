@@ -10,13 +10,14 @@
 //! This module knows state copies, storage and the coordinator's messages;
 //! it does not know barriers, alignment, channels or sinks.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use tokio::sync::{mpsc, oneshot};
 
 use super::protocol::ToCoordinator;
+use super::subtask::Notification;
 use super::restore::encode_state;
 use crate::checkpoint::storage::Location;
 use crate::checkpoint::{OperatorSubtaskState, StateFile, SubtaskAck};
@@ -24,21 +25,62 @@ use crate::error::{Error, Result};
 use crate::operator::StateCopy;
 
 /// Incremental checkpoints: per stateful operator of the subtask, the
-/// chain of shared state files its next checkpoint builds on. It is locked
-/// from a barrier until that checkpoint's files are written, so that every
-/// snapshot knows whether the one before it was written: changes of a
-/// snapshot whose file was never written go into the next one again. A
-/// barrier that finds it still locked takes a whole snapshot outside the
-/// chains.
+/// chain of shared state files its next checkpoint builds on.
+///
+/// A chain moves only with a completed checkpoint: a snapshot builds on the
+/// chain of the newest completion the subtask heard of (`confirmed`), and
+/// the chain it wrote is only proposed until its checkpoint completes. So a
+/// snapshot never names the file of a checkpoint that was abandoned (which
+/// retention deletes) or of a write still in progress, and the changes of
+/// a checkpoint that did not complete go into the next file again. (The
+/// coordinator refuses a checkpoint naming a file retention no longer
+/// keeps, for a subtask that had not yet heard of a newer completion.)
 #[derive(Clone)]
 pub struct Incremental {
-    pub(super) run_id: String,
-    pub(super) chains: Arc<tokio::sync::Mutex<HashMap<String, Chain>>>,
+    run_id: String,
+    book: Arc<std::sync::Mutex<ChainBook>>,
+}
+
+#[derive(Default)]
+struct ChainBook {
+    confirmed: HashMap<String, Chain>,
+    /// The chains written by checkpoints not yet completed, by id.
+    proposed: BTreeMap<u64, HashMap<String, Chain>>,
 }
 
 impl Incremental {
     pub fn new(run_id: &str) -> Incremental {
-        Incremental { run_id: run_id.to_string(), chains: Default::default() }
+        Incremental { run_id: run_id.to_string(), book: Default::default() }
+    }
+
+    fn book(&self) -> std::sync::MutexGuard<'_, ChainBook> {
+        self.book.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The chain of `op` as the newest completed checkpoint left it.
+    pub(super) fn confirmed(&self, op: &str) -> Chain {
+        self.book().confirmed.get(op).cloned().unwrap_or_default()
+    }
+
+    fn propose(&self, checkpoint_id: u64, chains: HashMap<String, Chain>) {
+        self.book().proposed.insert(checkpoint_id, chains);
+    }
+
+    /// A completed checkpoint confirms the chains it wrote (a savepoint
+    /// wrote none); those of older checkpoints will never complete.
+    pub(super) fn on_notification(&self, n: &Notification) {
+        let mut book = self.book();
+        match *n {
+            Notification::Complete(id) => {
+                if let Some(chains) = book.proposed.remove(&id) {
+                    book.confirmed.extend(chains);
+                }
+                book.proposed.retain(|k, _| *k > id);
+            }
+            Notification::Abort(id) => {
+                book.proposed.remove(&id);
+            }
+        }
     }
 }
 
@@ -75,12 +117,10 @@ impl Chain {
     }
 }
 
-/// The chains of an incremental checkpoint, locked by its barrier (`None`
-/// when they were busy: then nothing is written into them), and where
-/// their files go.
+/// The subtask's chains, which an incremental checkpoint proposes to
+/// extend, and where their files go.
 pub(super) struct Chains {
-    pub guard: Option<tokio::sync::OwnedMutexGuard<HashMap<String, Chain>>>,
-    pub run_id: String,
+    pub book: Incremental,
     pub dir: Location,
 }
 
@@ -142,15 +182,17 @@ impl SnapshotWrite {
                 keyed.push((crate::plan::channel_state_id(self.stage), StateCopy::ready(all)));
             }
         }
-        if let Some(Chains { mut guard, run_id, dir }) = self.chains {
+        if let Some(Chains { book, dir }) = self.chains {
+            let mut proposed = HashMap::new();
             for Changes { op, copy, full, generation, chain } in self.changes {
-                let file = dir.put_state_file(&format!("{op}-{index}-{run_id}-chk{id}.arrow"), encode(copy).await?).await?;
+                crate::fault::slow_shared_write(id).await;
+                let file = dir.put_state_file(&format!("{op}-{index}-{}-chk{id}.arrow", book.run_id), encode(copy).await?).await?;
                 let next = chain.then(file, full, generation);
                 operators.push((op.clone(), OperatorSubtaskState { subtask: index, inline: None, file: None, shared: next.files.clone() }));
-                if let Some(guard) = &mut guard {
-                    guard.insert(op, next);
-                }
+                proposed.insert(op, next);
             }
+            // Before the acknowledgement: the completion may follow at once.
+            book.propose(id, proposed);
         }
         for (op, copy) in keyed {
             let file = self.dir.put_state_file(&format!("{op}-{index}.arrow"), encode(copy).await?).await?;

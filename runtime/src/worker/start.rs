@@ -84,6 +84,7 @@ async fn at_most_once_start(cfg: &WorkerConfig, storage: &CheckpointStorage, run
         storage.begin_lineage(claim, None).await?;
         if cfg.restore.is_none() {
             super::ReadMarks::clear(storage).await?;
+            super::start_positions::clear(storage).await?;
         }
     }
     Ok((None, claim))
@@ -130,6 +131,8 @@ pub(super) async fn restore_state(cfg: &WorkerConfig, storage: &CheckpointStorag
         // beginning again, not from an older run's state.
         if let Some(claim) = &claim {
             storage.begin_lineage(claim, None).await?;
+            // Before any worker says Ready, hence before any source opens.
+            super::start_positions::clear(storage).await?;
         }
         return Ok((None, claim));
     };

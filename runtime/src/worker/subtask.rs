@@ -202,9 +202,14 @@ pub struct Subtask {
     pub incremental: Option<Incremental>,
     /// The late-records outputs of the subtask's windows.
     pub late_records: Vec<LateRecords>,
-    /// Completed checkpoints, for a subtask that writes late records but
-    /// is not a sink subtask (a sink subtask hears of them on its output).
-    pub late_notifications: Option<broadcast::Receiver<Notification>>,
+    /// Completed checkpoints, for a subtask that is not a sink subtask (a
+    /// sink subtask hears of them on its output) but writes late records or
+    /// keeps incremental chains.
+    pub notifications: Option<broadcast::Receiver<Notification>>,
+    /// The newest checkpoint this subtask committed (`u64::MAX` once it is
+    /// clear that it commits nothing), for the worker to report a stopping
+    /// savepoint committed.
+    pub committed: tokio::sync::watch::Sender<u64>,
 }
 
 enum Event {
@@ -237,7 +242,13 @@ impl Subtask {
     }
 
     pub async fn run(mut self) -> Result<()> {
+        if !self.commits() {
+            self.committed.send_replace(u64::MAX);
+        }
         let mut source_done = false;
+        // A source stops at a stopping savepoint's barrier and emits nothing
+        // until the next barrier, which comes only if it was abandoned.
+        let mut paused = false;
         let mut final_barrier: Option<u64> = None;
         let mut input_ended = false;
         // The highest checkpoint this sink has committed: the final
@@ -248,7 +259,7 @@ impl Subtask {
         let mut flushes = 0u64;
         let mut flush_at = self.at_most_once.map(|a| tokio::time::Instant::now() + a.flush_every);
         loop {
-            let ev = self.next_event(&mut source_done, input_ended, flush_at).await?;
+            let ev = self.next_event(&mut source_done, paused, input_ended, flush_at).await?;
             match ev {
                 Event::Batch(b) => {
                     let watermark = match (&mut self.clock, &self.input) {
@@ -283,6 +294,7 @@ impl Subtask {
                 Event::Barrier(b) => {
                     let is_final = b.is_final;
                     let id = b.checkpoint_id;
+                    paused = b.stop && matches!(self.input, Input::Source { .. });
                     if self.at_most_once.is_some() {
                         self.on_flush_barrier(b, &mut flushes).await?;
                     } else {
@@ -307,6 +319,9 @@ impl Subtask {
                     }
                 }
                 Event::Notification(n) => {
+                    if let Some(inc) = &self.incremental {
+                        inc.on_notification(&n);
+                    }
                     if let Notification::Complete(id) = n {
                         // At-most-once sinks published at the barrier already.
                         if self.at_most_once.is_none() {
@@ -319,6 +334,13 @@ impl Subtask {
                             }
                         }
                         committed = committed.max(Some(id));
+                        if self.commits() {
+                            self.committed.send_if_modified(|c| {
+                                let newer = id > *c;
+                                *c = (*c).max(id);
+                                newer
+                            });
+                        }
                         if input_ended && final_barrier.is_some_and(|f| f <= id) {
                             return Ok(());
                         }
@@ -331,10 +353,10 @@ impl Subtask {
         }
     }
 
-    async fn next_event(&mut self, source_done: &mut bool, input_ended: bool, flush_at: Option<tokio::time::Instant>) -> Result<Event> {
+    async fn next_event(&mut self, source_done: &mut bool, paused: bool, input_ended: bool, flush_at: Option<tokio::time::Instant>) -> Result<Event> {
         let notifications = match &mut self.output {
             Output::Sink { notifications, .. } => Some(notifications),
-            _ => self.late_notifications.as_mut(),
+            _ => self.notifications.as_mut(),
         };
         let input = &mut self.input;
         let counters = &self.counters;
@@ -358,7 +380,7 @@ impl Subtask {
                         return Ok(Event::Barrier(b));
                     }
                     let lost = || Error::Job("the coordinator went away".into());
-                    if *source_done {
+                    if *source_done || paused {
                         return triggers.recv().await.map(Event::Barrier).ok_or_else(lost);
                     }
                     if let Some(ahead) = ahead {
@@ -483,13 +505,12 @@ impl Subtask {
         let mut chains = None;
         match &self.incremental {
             Some(inc) if !barrier.savepoint => {
-                // The previous checkpoint's files still being written (a slow
-                // disk), this one is whole and outside the chains rather
-                // than make the subtask wait.
-                let guard = inc.chains.clone().try_lock_owned().ok();
+                // Built on the chain of the newest completed checkpoint, so
+                // that neither a write still in progress nor the files of an
+                // abandoned checkpoint are ever named.
                 for op in &mut self.operators {
                     if op.is_incremental() {
-                        let chain = guard.as_ref().and_then(|g| g.get(op.id()).cloned()).unwrap_or_default();
+                        let chain = inc.confirmed(op.id());
                         let full = chain.wants_full();
                         if let Some((copy, generation)) = op.snapshot_changed_after(if full { None } else { chain.covered })? {
                             changes.push(Changes { op: op.id().to_string(), copy, full, generation, chain });
@@ -498,7 +519,7 @@ impl Subtask {
                         keyed.push((op.id().to_string(), copy));
                     }
                 }
-                chains = Some(Chains { guard, run_id: inc.run_id.clone(), dir: self.storage.dir(crate::checkpoint::storage::SHARED_DIR) });
+                chains = Some(Chains { book: inc.clone(), dir: self.storage.dir(crate::checkpoint::storage::SHARED_DIR) });
             }
             _ => {
                 for op in &self.operators {

@@ -104,3 +104,32 @@ fn incremental_checkpoints_restored_at_another_parallelism_after_tree_kills_keep
     job.assert_exactly_once();
     assert_shared_files_are_the_referenced_ones(&job);
 }
+
+#[test]
+fn a_checkpoint_abandoned_while_its_shared_files_are_written_leaves_every_later_checkpoint_restorable() {
+    // A slow store: checkpoint 4's shared files take 1.5 s to write, longer
+    // than the checkpoint timeout, so it is abandoned mid-write while the
+    // job goes on checkpointing and retention keeps only the newest one.
+    // A chain may only move with a completed checkpoint: no later
+    // checkpoint may name checkpoint 4's file, or a file retention deleted.
+    let yaml = "name: eo-test\nparallelism: 2\ncheckpoint:\n  interval: 150ms\n  timeout: 500ms\n  incremental: true\n  retain: 1\nsource:\n  generator:\n    events: 200000\n    keys: 2000\n    rate: 20000\n    batch_size: 256\nsteps:\n  - key_by: key\n  - running_count: count\nsink:\n  file:\n    path: out/eo\n    format: jsonl\n    guarantee: exactly-once\n";
+    let mut job = Job::with_pipeline(yaml, 200_000, 2_000);
+    job.env.push(("WEIR_SLOW_SHARED_WRITE".into(), "4:1500ms".into()));
+    let child = job.spawn(&[]);
+    let newest = || retained(&job).keys().copied().max().unwrap_or(0);
+    let start = std::time::Instant::now();
+    while newest() < 20 {
+        assert!(start.elapsed() < Duration::from_secs(60), "checkpoint 20 never completed (newest {})", newest());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    kill_group(child.id());
+    let _ = child.wait_with_output();
+    let named: Vec<String> = retained(&job).values().flat_map(|m| chains(m, "running_count-0")).flatten().map(|(n, _)| n).collect();
+    assert!(!named.iter().any(|n| n.ends_with("-chk4.arrow")), "a completed checkpoint names the abandoned checkpoint 4's file: {named:?}");
+    let present = shared_files(&job);
+    let missing: Vec<_> = named.iter().filter(|n| !present.contains(*n)).collect();
+    assert!(missing.is_empty(), "the latest checkpoint names shared files that are gone: {missing:?}");
+    let out = wait_with_timeout(job.spawn(&["--restore", "latest"]), Duration::from_secs(120));
+    assert!(out.status.success(), "restoring the latest checkpoint failed:\n{}", stderr(&out));
+    job.assert_exactly_once();
+}

@@ -76,6 +76,29 @@ fn a_crash_between_completion_and_commit_writes_that_checkpoint_again_exactly_on
     assert_sink_log_empty(&job);
 }
 
+#[test]
+fn a_restore_of_a_worker_hosting_several_sink_subtasks_takes_seconds_not_the_transaction_timeout() {
+    // One worker hosts both sink subtasks. The crash leaves both subtasks'
+    // transactions of checkpoint 3 open. Subtask 0 settles its entry by
+    // reading the progress topic read_committed, which subtask 1's open
+    // transaction holds back: every earlier transaction of the worker's
+    // subtasks must be fenced before any is settled, or the restore waits
+    // for the transaction timeout (3 minutes here).
+    let job = Job::counting(2, 30_000, 40, 10_000, "200ms").output_to_kafka("exactly-once");
+    let yaml = std::fs::read_to_string(job.path("pipeline.yaml")).unwrap();
+    let progress = yaml.lines().find(|l| l.trim_start().starts_with("progress_topic:")).unwrap().to_string();
+    job.write_pipeline(&yaml.replace(&progress, &format!("{progress}\n    transaction_timeout: 3m")));
+    let marker = job.path("fault-fired");
+    let started = std::time::Instant::now();
+    let out = job.command(&["--workers", "1"]).env("WEIR_FAULT", "after-complete@3").env("WEIR_FAULT_ONCE", &marker).env("RUST_LOG", "info").output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(marker.exists(), "the fault never fired");
+    assert!(started.elapsed() < Duration::from_secs(60), "the job took {:?}: its restore waited on a transaction of its own", started.elapsed());
+    job.assert_exactly_once();
+    assert_sink_log_empty(&job);
+    job.assert_no_open_transaction();
+}
+
 /// Kafka to Kafka with one crash at `point` of checkpoint 3.
 fn kafka_to_kafka_crash_at(point: &str) {
     let job = Job::counting(2, 30_000, 40, 0, "200ms").input_from_kafka(3, 4_000).output_to_kafka("exactly-once");
@@ -289,6 +312,66 @@ fn a_restore_resumes_at_the_checkpointed_offsets_whatever_the_start_position_say
     assert_eq!(values(&job, "n"), (5..15).collect::<Vec<_>>(), "each record produced after the first start, once");
 }
 
+/// `records_in` of the running job, as `weir status` reports it.
+fn records_in(job: &Job) -> u64 {
+    let out = job.weir(&["status", "--state-dir", "state"]).output().unwrap();
+    serde_json::from_slice::<serde_json::Value>(&out.stdout).ok().and_then(|s| s["records_in"].as_u64()).unwrap_or(0)
+}
+
+#[test]
+fn a_run_that_dies_before_its_first_checkpoint_restarts_where_start_latest_first_resolved() {
+    // `start: latest` is resolved once for a job's history: the first run
+    // resolves it, reads, and dies before any checkpoint; the restart must
+    // begin at the offsets the first run began at, not at the end of the
+    // topic as it is by then, or what was produced in between is lost.
+    let topic = kafka::topic("latest-once");
+    kafka::create_topic(&topic, 2);
+    kafka::produce(&topic, &numbered(0..5), None);
+    let yaml = format!(
+        "name: eo-test\nparallelism: 2\ncheckpoint:\n  interval: 10m\nsource:\n  kafka:\n    bootstrap_servers: {}\n    topic: {topic}\n    schema: {{n: int64}}\n    start: latest\nsink:\n  file:\n    path: out/eo\n    format: jsonl\n",
+        kafka::bootstrap()
+    );
+    let job = Job::with_pipeline(&yaml, 0, 1);
+    let both = |r: std::ops::Range<i64>| r.map(|n| ((n % 2) as i32, format!(r#"{{"n":{n}}}"#))).collect::<Vec<_>>();
+    let mut run = KillOnDrop::new(job.spawn(&[]));
+    // Produced until the first run has read some: its start is resolved.
+    let start = std::time::Instant::now();
+    let mut n = 5;
+    while records_in(&job) == 0 {
+        assert!(start.elapsed() < Duration::from_secs(30), "the first run read nothing");
+        kafka::produce(&topic, &both(n..n + 2), None);
+        n += 2;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let read_by_first_run = n;
+    // Killed before any checkpoint (the interval is 10 minutes); more is
+    // produced while the supervisor restarts it.
+    let (pids, first_run) = job.worker_pids().unwrap();
+    kill(pids[0]);
+    kafka::produce(&topic, &both(n..n + 4), None);
+    n += 4;
+    let start = std::time::Instant::now();
+    while job.worker_pids().is_none_or(|(_, run)| run == first_run) || records_in(&job) == 0 {
+        assert!(start.elapsed() < Duration::from_secs(30), "the job did not restart and read");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    kafka::produce(&topic, &both(n..n + 4), None);
+    n += 4;
+    let start = std::time::Instant::now();
+    while records_in(&job) < (n - 5) as u64 {
+        assert!(start.elapsed() < Duration::from_secs(30), "the restarted run read {} of {} records", records_in(&job), n - 5);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    job.take_savepoint_with(&["--stop"]);
+    assert!(run.wait_for(Duration::from_secs(30)).is_some_and(|s| s.success()), "the job did not stop with its savepoint");
+    // What was produced before the first run resolved its start is not
+    // read (that is `latest`); from there on every record, once.
+    let got = values(&job, "n");
+    let from = got.first().copied().unwrap_or(n);
+    assert!(from < read_by_first_run, "nothing the first run read was published (from {from})");
+    assert_eq!(got, (from..n).collect::<Vec<_>>(), "every record from the first run's start on, once");
+}
+
 #[test]
 fn bad_messages_fail_naming_partition_and_offset_or_are_skipped_and_counted_or_sent_to_a_dead_letter_topic() {
     let topic = kafka::topic("bad");
@@ -359,12 +442,16 @@ fn committed_seq_counts(job: &Job) -> HashMap<i64, u32> {
 }
 
 #[test]
-fn stop_with_a_savepoint_then_resuming_it_writes_the_savepoints_open_transaction_once() {
-    // Nothing commits after a stop-with-savepoint: the savepoint's last
-    // transaction is left open. Resuming fences it (the broker aborts it),
-    // finds no marker, and writes its records again from the savepoint's log.
+fn a_stop_with_savepoint_commits_its_transaction_and_resuming_it_writes_nothing_twice() {
+    // A stop-with-savepoint publishes the interval up to it and leaves no
+    // transaction open: read_committed readers of the topic (and of the
+    // shared progress topic) are not held back, and a job never resumed
+    // has published everything it read. Resuming writes nothing twice.
     let (job, sp) = stopped_with_a_savepoint();
-    resume_writing_its_open_transaction_again(&job, &sp);
+    job.assert_no_open_transaction();
+    let published = job.assert_once_up_to_a_point();
+    assert!(published > 0 && (published as u64) < job.events, "published {published} of {} events", job.events);
+    resume_exactly_once(&job, &sp);
     assert_sink_log_empty(&job);
 }
 
@@ -385,27 +472,26 @@ fn stopped_with_a_savepoint() -> (Job, String) {
     (job, sp)
 }
 
-/// Resumes `savepoint`, which must write its open transaction's records
-/// again, and checks the output is exactly once.
-fn resume_writing_its_open_transaction_again(job: &Job, savepoint: &str) {
+/// Resumes `savepoint` and checks the output is exactly once.
+fn resume_exactly_once(job: &Job, savepoint: &str) {
     let resumed = job.command(&["--restore", savepoint]).env("RUST_LOG", "info").stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
     let out = wait_with_timeout(resumed, Duration::from_secs(90));
     assert!(out.status.success(), "resuming the savepoint {savepoint} failed:\n{}", stderr(&out));
-    assert!(stderr(&out).contains("writing again the records of a completed checkpoint"), "the savepoint's open transaction was not written again:\n{}", stderr(&out));
     job.assert_exactly_once();
 }
 
 #[test]
-fn a_stop_savepoint_moved_elsewhere_writes_its_open_transaction_once_after_the_state_directory_is_gone() {
-    // A savepoint is self-contained: it carries the log entry of the
-    // transaction a stop leaves open, so it restores after being moved and
-    // after the job's state directory (and its `wal/`) is deleted.
+fn a_stop_savepoint_moved_elsewhere_resumes_exactly_once_after_the_state_directory_is_gone() {
+    // A savepoint is self-contained: it carries the log entries its state
+    // names, so it restores after being moved and after the job's state
+    // directory (and its `wal/`) is deleted; its own transaction was
+    // committed by the stop and is settled by its marker, not written again.
     let (job, sp) = stopped_with_a_savepoint();
     let moved = job.path("elsewhere/kept-savepoint");
     std::fs::create_dir_all(moved.parent().unwrap()).unwrap();
     std::fs::rename(&sp, &moved).unwrap();
     std::fs::remove_dir_all(job.path("state")).unwrap();
-    resume_writing_its_open_transaction_again(&job, moved.to_str().unwrap());
+    resume_exactly_once(&job, moved.to_str().unwrap());
 }
 
 #[test]

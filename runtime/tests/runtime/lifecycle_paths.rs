@@ -92,11 +92,16 @@ fn a_savepoint_followed_by_a_crash_stays_restorable() {
     let mut child = job.spawn(&[]);
     wait_for("a first checkpoint", Duration::from_secs(30), || latest_checkpoint_id(&job).is_some());
     let sp = savepoint(&job, &[]);
-    // Crash before the next checkpoint completes: the run goes back to the
-    // checkpoint before the savepoint, which must not delete the savepoint's files.
+    // Crash before the next checkpoint completes: the savepoint completed
+    // like a checkpoint (its output is published), so the run restarts
+    // from it, not from the checkpoint before it, which would publish the
+    // interval up to the savepoint a second time.
     kill(job.worker_pids().unwrap().0[0]);
     let _ = child.try_wait();
     wait_for("the restarted run", Duration::from_secs(30), || status_json(&job).is_some_and(|s| s["restored_from"].is_string() && s["phase"] == "running"));
+    let restored = status_json(&job).unwrap()["restored_from"].as_str().unwrap().to_string();
+    assert!(restored.contains("savepoints/sp-"), "the restarted run restored {restored}, not the savepoint {sp}");
+    job.assert_once_up_to_a_point();
     kill_group(child.id());
     let _ = child.wait_with_output();
     // The savepoint restores; every event is there (restoring an older
@@ -181,6 +186,28 @@ fn two_jobs_sharing_an_output_directory_each_commit_everything_once() {
         assert_eq!(seqs.len(), 30_000, "{name}");
     }
     assert!(in_progress_files(&dir.path().join("out/shared")).is_empty());
+}
+
+#[test]
+fn a_stop_with_savepoint_never_resumed_publishes_everything_up_to_it_and_leaves_nothing_pending() {
+    // `weir savepoint --stop` (or a delete) that nobody resumes: what the
+    // job read up to the savepoint must be visible, once, with no file left
+    // pending.
+    let job = Job::counting(2, 200_000, 20, 20_000, "300ms");
+    let child = job.spawn(&[]);
+    wait_for("a first checkpoint", Duration::from_secs(30), || latest_checkpoint_id(&job).is_some());
+    std::thread::sleep(Duration::from_millis(150));
+    let sp = savepoint(&job, &["--stop"]);
+    let out = wait_with_timeout(child, Duration::from_secs(20));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let pending = in_progress_files(&job.path("out/eo"));
+    assert!(pending.is_empty(), "the stop left output pending: {pending:?}");
+    let published = job.assert_once_up_to_a_point();
+    assert!(published > 0 && (published as u64) < job.events, "published {published} of {} events", job.events);
+    // Resuming later writes nothing twice.
+    let out = wait_with_timeout(job.spawn(&["--restore", &sp]), Duration::from_secs(60));
+    assert!(out.status.success(), "{}", stderr(&out));
+    job.assert_exactly_once();
 }
 
 #[test]

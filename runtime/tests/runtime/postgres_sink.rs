@@ -3,7 +3,8 @@
 //! trees at random moments leave the table equal to a failure-free run's,
 //! in `two-phase-commit` and `write-ahead-log` modes row for row and in
 //! `upsert` mode key for key;
-//! rows of a checkpoint stay invisible until it completes; and a missing
+//! rows of a checkpoint stay invisible until it completes (a savepoint's
+//! are published when it completes); and a missing
 //! table or column, a server without prepared transactions or a wrong
 //! password stop the job at once with a message that names what is wrong
 //! and never the password.
@@ -83,46 +84,59 @@ fn a_crash_between_checkpoint_completion_and_commit_commits_the_transactions_on_
     assert_no_prepared_transactions(&pg);
 }
 
-/// Without periodic checkpoints nothing completes until the job ends, so
-/// a savepoint's rows must stay invisible (prepared) through a crash, and
-/// restoring the savepoint publishes them once.
+/// Without periodic checkpoints a savepoint is the only completion before
+/// the end. It completes like a checkpoint: its rows are published then,
+/// no transaction stays prepared because of it, and a crash after it
+/// restarts from it (the lineage's latest), so its rows are not written a
+/// second time by a replay from the beginning.
 #[test]
-fn rows_stay_invisible_until_their_checkpoint_completes_and_a_restored_savepoint_publishes_them_once() {
+fn a_savepoint_publishes_its_rows_when_it_completes_and_a_crash_after_it_writes_nothing_twice() {
     let pg = postgres::Server::start();
     let job = Job::counting(2, 90_000, 41, 20_000, "0s").output_to_postgres(&pg, "two-phase-commit", EVENT_COLUMNS);
     let table = job.pg_output.clone().unwrap().1;
     let child = job.spawn(&[]);
-    let savepoint = job.take_savepoint();
-    let prepared = pg.prepared();
-    assert!(prepared.iter().any(|g| g.starts_with("weir:eo-test:")), "the savepoint prepared no transaction: {prepared:?}");
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(pg.psql(&format!("SELECT count(*) FROM {table}")).trim(), "0", "rows are visible before any checkpoint completed");
+    let _savepoint = job.take_savepoint();
+    let visible: u64 = pg.psql(&format!("SELECT count(*) FROM {table}")).trim().parse().unwrap();
+    assert!(visible > 0, "the savepoint's rows are not visible once it completed");
+    assert!(pg.prepared().is_empty(), "transactions stay prepared after the savepoint completed: {:?}", pg.prepared());
+    job.assert_once_up_to_a_point();
     kill_group(child.id());
     let _ = child.wait_with_output();
-    assert_eq!(pg.psql(&format!("SELECT count(*) FROM {table}")).trim(), "0", "rows became visible when the job was killed");
-    let out = job.run(&["--restore", &savepoint]);
+    let out = job.run(&["--restore", "latest"]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(stderr(&out).contains("from savepoint"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("from savepoint") || stderr(&out).contains("savepoints/sp-"), "the restart did not resume the savepoint:\n{}", stderr(&out));
     job.assert_exactly_once();
     assert_no_prepared_transactions(&pg);
 }
 
 /// A prepared transaction of a killed run that no snapshot references (a
-/// checkpoint that never completed) is rolled back by the next run, and
-/// one of another job is left alone.
+/// checkpoint that never completed) is rolled back by the next run; one of
+/// another job, or of another state of the same job id, is left alone.
 #[test]
-fn a_restore_rolls_back_this_jobs_unreferenced_prepared_transactions_and_leaves_other_jobs_alone() {
+fn a_restore_rolls_back_its_states_unreferenced_prepared_transactions_and_leaves_other_jobs_and_states_alone() {
     let pg = postgres::Server::start();
     let job = two_phase_job(&pg, 2, 40_000, 17, "200ms");
     let table = job.pg_output.clone().unwrap().1;
-    for (gid, seq) in [("weir:eo-test:0000dead:0:99", -1), ("weir:other-job:0000beef:0:7", -2)] {
+    set_identity(&job, "feedface");
+    let others = ["weir:other-job:feedface:0000beef:0:7", "weir:eo-test:0badc0de:0000beef:0:7"];
+    for (gid, seq) in [("weir:eo-test:feedface:0000dead:0:99", -1), (others[0], -2), (others[1], -3)] {
         pg.psql(&format!("BEGIN; INSERT INTO {table} VALUES ({seq}, 0, 0, 0); PREPARE TRANSACTION '{gid}'"));
     }
     let out = job.run(&[]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(pg.prepared(), vec!["weir:other-job:0000beef:0:7".to_string()]);
-    pg.psql("ROLLBACK PREPARED 'weir:other-job:0000beef:0:7'");
+    let mut left = pg.prepared();
+    left.sort();
+    assert_eq!(left, vec![others[1].to_string(), others[0].to_string()]);
+    for gid in others {
+        pg.psql(&format!("ROLLBACK PREPARED '{gid}'"));
+    }
     job.assert_exactly_once();
+}
+
+/// Gives the job's state the identity `id` before its first run.
+fn set_identity(job: &Job, id: &str) {
+    std::fs::create_dir_all(job.path("state/eo-test")).unwrap();
+    std::fs::write(job.path("state/eo-test/identity"), id).unwrap();
 }
 
 /// Two jobs of one pipeline name (StreamJobs of one name in two
@@ -134,20 +148,71 @@ fn jobs_of_one_pipeline_name_with_their_own_job_ids_leave_each_others_transactio
     let pg = postgres::Server::start();
     let job = two_phase_job(&pg, 2, 20_000, 17, "200ms");
     let table = job.pg_output.clone().unwrap().1;
-    for (gid, seq) in [("weir:team-a_eo-test:0000dead:0:99", -1), ("weir:team-b_eo-test:0000beef:0:7", -2), ("weir:eo-test:0000feed:0:5", -3)] {
+    set_identity(&job, "feedface");
+    for (gid, seq) in [("weir:team-a_eo-test:feedface:0000dead:0:99", -1), ("weir:team-b_eo-test:feedface:0000beef:0:7", -2), ("weir:eo-test:feedface:0000feed:0:5", -3)] {
         pg.psql(&format!("BEGIN; INSERT INTO {table} VALUES ({seq}, 0, 0, 0); PREPARE TRANSACTION '{gid}'"));
     }
     let out = job.run(&["--job-id", "team-a_eo-test"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let mut left = pg.prepared();
     left.sort();
-    assert_eq!(left, vec!["weir:eo-test:0000feed:0:5".to_string(), "weir:team-b_eo-test:0000beef:0:7".to_string()]);
+    assert_eq!(left, vec!["weir:eo-test:feedface:0000feed:0:5".to_string(), "weir:team-b_eo-test:feedface:0000beef:0:7".to_string()]);
     for gid in left {
         pg.psql(&format!("ROLLBACK PREPARED '{gid}'"));
     }
     job.assert_exactly_once();
     let err = job.run(&["--job-id", "team a"]);
     assert!(!err.status.success() && stderr(&err).contains("--job-id") && stderr(&err).contains("expected 1 to 128 letters, digits, `-` or `_`"), "{}", stderr(&err));
+}
+
+/// Runs `job` until a crash after checkpoint 3 completed and before its
+/// transactions committed, with no restart: they stay prepared.
+fn crash_leaving_a_completed_checkpoint_prepared(job: &Job) {
+    let out = job.command(&["--max-restarts", "0"]).env("WEIR_FAULT", "after-complete@3").output().unwrap();
+    assert!(!out.status.success(), "the job did not crash:\n{}", stderr(&out));
+    assert!(stderr(&out).contains("fault injection"), "{}", stderr(&out));
+}
+
+#[test]
+fn two_states_of_one_job_id_sharing_a_database_never_roll_back_each_others_completed_transactions() {
+    // Two state directories of job `eo-test` (two copies of a job, or job
+    // ids that collide) write to one database. The first crashes after
+    // checkpoint 3 completed, its transactions still prepared; the second
+    // runs meanwhile. It must not roll them back as "unreferenced": the
+    // first's restore would then find them gone and its rows lost.
+    let pg = postgres::Server::start();
+    let first = two_phase_job(&pg, 2, 40_000, 17, "200ms");
+    crash_leaving_a_completed_checkpoint_prepared(&first);
+    let sorted = |mut v: Vec<String>| {
+        v.sort();
+        v
+    };
+    let prepared = sorted(pg.prepared());
+    assert!(!prepared.is_empty(), "the crash left nothing prepared");
+    let second = two_phase_job(&pg, 2, 10_000, 17, "200ms");
+    let out = second.run(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    second.assert_exactly_once();
+    assert_eq!(sorted(pg.prepared()), prepared, "the second state's run touched the first's prepared transactions");
+    let out = first.run(&["--restore", "latest"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    first.assert_exactly_once();
+    assert_no_prepared_transactions(&pg);
+}
+
+#[test]
+fn a_completed_checkpoints_transaction_rolled_back_by_someone_else_is_a_fatal_error_naming_it() {
+    // "Does not exist" is not taken for "committed": the server is asked.
+    let pg = postgres::Server::start();
+    let job = two_phase_job(&pg, 1, 40_000, 17, "200ms");
+    crash_leaving_a_completed_checkpoint_prepared(&job);
+    let prepared = pg.prepared();
+    let gid = prepared.iter().find(|g| g.ends_with(":3")).unwrap_or_else(|| panic!("checkpoint 3's transaction is not prepared: {prepared:?}")).clone();
+    pg.psql(&format!("ROLLBACK PREPARED '{gid}'"));
+    let out = wait_with_timeout(job.spawn(&["--restore", "latest"]), Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(3), "the restore did not fail at once:\n{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains(&gid) && err.contains("was rolled back") && err.contains("its rows are lost"), "{err}");
 }
 
 /// The write-ahead log needs no prepared transactions: this server has none.
@@ -252,6 +317,24 @@ fn worker_kills_with_an_upsert_postgres_sink_leave_every_keys_final_row() {
         assert_eq!(count, n, "count of key {key}");
         assert_eq!(seq % keys as i64, key, "the row of key {key} holds event {seq} of another key");
     }
+}
+
+#[test]
+fn an_upsert_key_column_that_admits_null_is_refused_at_start_naming_it() {
+    // UNIQUE without NOT NULL: a null key never conflicts, so every write
+    // and every replay would add another row for it. Refused before
+    // anything is written; the user's fix (NOT NULL) lets the job run.
+    let pg = postgres::Server::start();
+    let (events, keys) = (6_000u64, 13u64);
+    let job = Job::counting(1, events, keys, 0, "150ms").output_to_postgres(&pg, "upsert", "key bigint UNIQUE, seq bigint, value bigint, count bigint");
+    let table = job.pg_output.clone().unwrap().1;
+    let err = run_failing(&job);
+    assert!(err.contains("sink.postgres.key") && err.contains("key column key") && err.contains("NOT NULL"), "{err}");
+    assert_eq!(pg.psql(&format!("SELECT count(*) FROM {table}")).trim(), "0", "rows were written before the refusal");
+    pg.psql(&format!("ALTER TABLE {table} ALTER COLUMN key SET NOT NULL"));
+    let out = job.run(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(job.committed_lines().len() as u64, keys, "one row per key");
 }
 
 pub(crate) fn run_failing(job: &Job) -> String {

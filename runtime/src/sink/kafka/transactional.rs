@@ -140,25 +140,15 @@ impl Transactional {
             pending: Vec::new(),
         };
         ensure_progress_topic(spec).await?;
-        // Fence every producer an earlier run may have left a transaction
-        // on: this subtask's own slots (a few more than any checkpoint
-        // recorded, since the pool may have grown after it), and the slots
-        // of the old subtasks whose state this one takes over.
-        let mut restored_ids: BTreeSet<String> = restore.mine.iter().flat_map(|s| s.transactional_ids.iter().cloned()).collect();
-        let gone = sink.recorded_ids(restore.parallelism).await?;
-        restored_ids.extend(gone.values().flatten().cloned());
-        let own = restored_ids.iter().filter(|id| id.starts_with(&format!("weir-{job}-{subtask}-")) && id.ends_with(&format!("@{}", spec.topic))).count().max(INITIAL_SLOTS) + 1;
-        for slot in 0..own {
+        let earlier = EarlierRuns::find(spec, job, subtask, restore.parallelism, &restore.mine, &sink.ids).await?;
+        // Fenced before `add_slot` rewrites the record: a crash in between
+        // must not forget an id whose transaction may still be open.
+        earlier.fence(spec, job, subtask, false)?;
+        for slot in 0..earlier.own_slots {
             sink.add_slot(slot).await?;
         }
-        for id in &restored_ids {
-            if !sink.slots.iter().any(|s| &s.transactional_id == id) {
-                let p = producer(spec, &format!("weir-{job}-{subtask}-fence"), Some(id))?;
-                init(&p, id)?;
-            }
-        }
         // Fenced: the records of subtasks the job no longer has can go.
-        for k in gone.keys().filter(|k| **k != subtask) {
+        for k in earlier.recorded.keys().filter(|k| **k != subtask) {
             sink.ids.delete(&ids_record(*k)).await?;
         }
         check_topic(&sink.slots[0].producer, spec, &spec.topic).await?;
@@ -191,20 +181,20 @@ impl Transactional {
         Ok(sink)
     }
 
-    /// The transactional ids recorded by earlier runs that this subtask
-    /// must fence, by subtask: its own, and for subtask 0 those of subtasks
-    /// at or above `parallelism`.
-    async fn recorded_ids(&self, parallelism: u32) -> Result<std::collections::BTreeMap<u32, Vec<String>>> {
-        let mut out = std::collections::BTreeMap::new();
-        for name in self.ids.list_objects("").await? {
-            let Some(k) = name.strip_prefix("subtask-").and_then(|n| n.parse::<u32>().ok()) else { continue };
-            if k == self.subtask || (self.subtask == 0 && k >= parallelism) {
-                if let Some(bytes) = self.ids.get(&name).await? {
-                    out.insert(k, String::from_utf8_lossy(&bytes).lines().filter(|l| !l.is_empty()).map(String::from).collect());
-                }
-            }
+    /// Fences, before any subtask of the worker settles its restored
+    /// transactions, the producers earlier runs of each of `subtasks` may
+    /// have left a transaction open on. A settling subtask reads the
+    /// progress topic read_committed, which an unfenced transaction of a
+    /// sibling holds back for the whole transaction timeout; the worker
+    /// opens its sink subtasks one after another, so the sibling would
+    /// fence it only after that.
+    pub async fn fence_earlier_runs(spec: &KafkaSinkSpec, job: &str, subtasks: &[(u32, Vec<SinkState>)], parallelism: u32, log: &Location) -> Result<()> {
+        ensure_progress_topic(spec).await?;
+        let ids = log.parent().child(IDS_DIR);
+        for (subtask, mine) in subtasks {
+            EarlierRuns::find(spec, job, *subtask, parallelism, mine, &ids).await?.fence(spec, job, *subtask, true)?;
         }
-        Ok(out)
+        Ok(())
     }
 
     async fn add_slot(&mut self, slot: usize) -> Result<()> {
@@ -373,6 +363,51 @@ impl Transactional {
         self.current = None;
         self.free.push(s);
         self.free.sort_unstable();
+        Ok(())
+    }
+}
+
+/// The transactional ids earlier runs of one subtask may have left a
+/// transaction open on.
+struct EarlierRuns {
+    /// Named by the restored states this subtask takes over, and recorded
+    /// in storage ([`IDS_DIR`]).
+    ids: BTreeSet<String>,
+    /// The recorded ids, by subtask: its own, and for subtask 0 those of
+    /// subtasks at or above the parallelism.
+    recorded: std::collections::BTreeMap<u32, Vec<String>>,
+    /// How many slots of its own the subtask starts with: a few more than
+    /// any earlier run used, since the pool may have grown after the
+    /// restored checkpoint.
+    own_slots: usize,
+}
+
+impl EarlierRuns {
+    async fn find(spec: &KafkaSinkSpec, job: &str, subtask: u32, parallelism: u32, mine: &[SinkState], ids_dir: &Location) -> Result<EarlierRuns> {
+        let mut ids: BTreeSet<String> = mine.iter().flat_map(|s| s.transactional_ids.iter().cloned()).collect();
+        let mut recorded = std::collections::BTreeMap::new();
+        for name in ids_dir.list_objects("").await? {
+            let Some(k) = name.strip_prefix("subtask-").and_then(|n| n.parse::<u32>().ok()) else { continue };
+            if k == subtask || (subtask == 0 && k >= parallelism) {
+                if let Some(bytes) = ids_dir.get(&name).await? {
+                    recorded.insert(k, String::from_utf8_lossy(&bytes).lines().filter(|l| !l.is_empty()).map(String::from).collect::<Vec<_>>());
+                }
+            }
+        }
+        ids.extend(recorded.values().flatten().cloned());
+        let own_slots = ids.iter().filter(|id| id.starts_with(&format!("weir-{job}-{subtask}-")) && id.ends_with(&format!("@{}", spec.topic))).count().max(INITIAL_SLOTS) + 1;
+        Ok(EarlierRuns { ids, recorded, own_slots })
+    }
+
+    /// Initializes every id (with `own`, also the subtask's own slots,
+    /// which its sink otherwise initializes as it makes them).
+    fn fence(&self, spec: &KafkaSinkSpec, job: &str, subtask: u32, own: bool) -> Result<()> {
+        let own_ids: BTreeSet<String> = (0..self.own_slots).map(|slot| transactional_id(job, &spec.topic, subtask, slot)).collect();
+        let fenced: BTreeSet<&String> = if own { self.ids.iter().chain(&own_ids).collect() } else { self.ids.difference(&own_ids).collect() };
+        for id in fenced {
+            let p = producer(spec, &format!("weir-{job}-{subtask}-fence"), Some(id))?;
+            init(&p, id)?;
+        }
         Ok(())
     }
 }

@@ -12,8 +12,16 @@
 //! prepared one).
 //!
 //! Committing again is harmless: a transaction that is no longer prepared
-//! was committed by an earlier attempt, because only transactions that no
-//! retained snapshot references are ever rolled back. On restore, the
+//! was committed by an earlier attempt, because weir rolls back only
+//! transactions that no retained snapshot references. That is proven, not
+//! assumed: the state keeps each transaction's id (`txid_current()`), and a
+//! `COMMIT PREPARED` that finds nothing asks the server (`txid_status`).
+//! One that was rolled back (by a database administrator, or by a run of
+//! another state sharing the job id, before ids were scoped by the state's
+//! identity) is the fatal error naming it, never a silent loss of its rows.
+//! The global ids carry the job id and its state's identity
+//! (`weir:<job>:<identity>:<run>:<subtask>:<checkpoint>`), and a restore
+//! rolls back only ids of its own state. On restore, the
 //! restored checkpoint's transactions are committed before anything new is
 //! written, and subtask 0 rolls back the job's prepared transactions of
 //! other runs that no retained snapshot references (they hold records that
@@ -125,12 +133,18 @@ impl TwoPhaseCommit {
     pub async fn pre_commit(&mut self, checkpoint_id: u64) -> Result<SinkState> {
         if self.open {
             let gid = format!("{}{}:{}:{checkpoint_id}", job_prefix(&self.job), self.run_id, self.subtask);
+            let xid: i64 = self
+                .writer
+                .query_one("SELECT txid_current()", &[])
+                .await
+                .map_err(failed(format!("postgres sink: reading the transaction id of checkpoint {checkpoint_id}")))?
+                .get(0);
             self.writer
                 .batch_execute(&format!("PREPARE TRANSACTION {}", quote_literal(&gid)))
                 .await
                 .map_err(failed(format!("postgres sink: preparing the transaction of checkpoint {checkpoint_id}")))?;
             self.open = false;
-            self.pending.push(PendingTransaction { checkpoint: checkpoint_id, gid });
+            self.pending.push(PendingTransaction { checkpoint: checkpoint_id, gid, xid: Some(xid) });
             // Prepared but not acknowledged: the checkpoint cannot complete,
             // so the restore must roll this transaction back.
             crate::fault::crash_point("after-prepare", checkpoint_id);
@@ -158,11 +172,45 @@ async fn commit_prepared(client: &Client, t: &PendingTransaction) -> Result<()> 
     match client.batch_execute(&format!("COMMIT PREPARED {}", quote_literal(&t.gid))).await {
         Ok(()) => Ok(()),
         // undefined_object: "prepared transaction with identifier … does not exist".
-        Err(e) if e.code().is_some_and(|c| c.code() == "42704") => {
-            tracing::debug!(gid = %t.gid, "already committed");
+        Err(e) if e.code().is_some_and(|c| c.code() == "42704") => settled(client, t).await,
+        Err(e) => Err(failed(format!("postgres sink: committing transaction {} of checkpoint {}", t.gid, t.checkpoint))(e)),
+    }
+}
+
+/// A transaction that is no longer prepared: committed (by an earlier
+/// attempt) is fine; rolled back is data loss, and fatal.
+async fn settled(client: &Client, t: &PendingTransaction) -> Result<()> {
+    let Some(xid) = t.xid else {
+        // A checkpoint of an older version: nothing to ask by.
+        tracing::debug!(gid = %t.gid, "already committed");
+        return Ok(());
+    };
+    let status: Option<String> = client
+        .query_one("SELECT txid_status($1)", &[&xid])
+        .await
+        .map_err(failed(format!("postgres sink: asking the server about transaction {} of checkpoint {}", t.gid, t.checkpoint)))?
+        .get(0);
+    match status.as_deref() {
+        Some("committed") => {
+            tracing::debug!(gid = %t.gid, xid, "already committed");
             Ok(())
         }
-        Err(e) => Err(failed(format!("postgres sink: committing transaction {} of checkpoint {}", t.gid, t.checkpoint))(e)),
+        Some("aborted") => Err(Error::Fatal(format!(
+            "postgres sink: the prepared transaction {} of checkpoint {}, which completed, was rolled back (transaction {xid}), not committed: its rows are lost. \
+             Something outside this job's state rolled it back: a ROLLBACK PREPARED, or another state of the same job id sharing the database. \
+             Restore an earlier checkpoint or savepoint of the job to write them again",
+            t.gid, t.checkpoint
+        ))),
+        // Older than the server's commit log: its fate can no longer be read.
+        None => {
+            tracing::warn!(gid = %t.gid, xid, "postgres sink: a restored transaction is no longer prepared and too old for the server to tell whether it committed; it is taken as committed");
+            Ok(())
+        }
+        Some(other) => Err(Error::Postgres {
+            context: format!("postgres sink: committing transaction {} of checkpoint {}", t.gid, t.checkpoint),
+            code: None,
+            message: format!("it is no longer prepared, and the server says it is {other}"),
+        }),
     }
 }
 

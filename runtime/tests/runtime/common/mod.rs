@@ -306,6 +306,28 @@ impl Job {
         ranges.iter().map(|(from, to, keys)| format!("seq {from}..={to} of keys {keys:?}")).collect::<Vec<_>>().join("; ")
     }
 
+    /// The oracle of a job that stopped part way: every seq at most once,
+    /// and per key the counts 1..n once each (a key's events up to a point
+    /// of the input, none missing before it). Returns how many events.
+    pub fn assert_once_up_to_a_point(&self) -> usize {
+        let lines = self.committed_lines();
+        let mut seqs = HashSet::new();
+        let mut counts: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
+        for l in &lines {
+            let seq = l["seq"].as_i64().expect("seq");
+            assert!(seqs.insert(seq), "seq {seq} committed twice");
+            let key = l["key"].as_i64().expect("key");
+            assert_eq!(key, seq % self.keys as i64, "key of seq {seq}");
+            counts.entry(key).or_default().push(l["count"].as_i64().expect("count"));
+        }
+        for (key, mut c) in counts {
+            c.sort();
+            let n = c.len() as i64;
+            assert_eq!(c, (1..=n).collect::<Vec<_>>(), "counts of key {key}: an event of it is missing before its last one");
+        }
+        seqs.len()
+    }
+
     pub fn assert_exactly_once(&self) {
         let lines = self.committed_lines();
         let mut seqs = HashSet::new();
