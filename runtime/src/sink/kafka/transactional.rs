@@ -114,7 +114,9 @@ fn ids_record(subtask: u32) -> String {
 /// `weir-<job>-<subtask>-<slot>@<topic>`: stable across the job's runs, so a
 /// new run fences the old one's producers; the topic keeps two jobs that
 /// share a name (in two namespaces, or two tests at once) from fencing
-/// each other when they write to different topics.
+/// each other when they write to different topics, and `job`, scoped by
+/// the state's identity (`<job>:<identity>`), when two states of one job
+/// id write to one topic.
 fn transactional_id(job: &str, topic: &str, subtask: u32, slot: usize) -> String {
     format!("weir-{job}-{subtask}-{slot}@{topic}")
 }
@@ -291,7 +293,11 @@ impl Transactional {
         let probe_offset = mark(probe, topic, &probe_id, &context)?;
         tokio::task::block_in_place(|| probe.commit_transaction(REQUEST_TIMEOUT)).map_err(|e| kafka::error(&context, e))?;
 
-        let from = entries.iter().map(|e| e.marker_offset).min().unwrap_or(0);
+        // Never past the probe: markers written to another progress topic
+        // (the pipeline changed its target) have offsets of that topic, and
+        // a read starting at the end of this one would wait for messages
+        // nobody writes.
+        let from = entries.iter().map(|e| e.marker_offset).min().unwrap_or(0).min(probe_offset);
         let mut config = kafka::client_config(&self.spec.bootstrap_servers, &format!("weir-{}-{}-settle", self.job, self.subtask), super::user_settings(&self.spec), Scope::Connection)?;
         config.set("isolation.level", "read_committed").set("enable.auto.commit", "false").set("group.id", "weir-sink").set("auto.offset.reset", "earliest");
         let consumer: BaseConsumer<kafka::Quiet> = config.create_with_context(kafka::Quiet).map_err(|e| kafka::error(&context, e))?;
