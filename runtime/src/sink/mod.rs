@@ -121,6 +121,11 @@ pub struct SinkRestore<'a> {
     /// still references. It discards the job's other in-progress files, which
     /// hold records that will be produced again.
     pub keep: Option<&'a HashSet<String>>,
+    /// Given with `keep`: the runs of this job's state
+    /// ([`CheckpointStorage::claimed_runs`]). A file sink discards only
+    /// their leftovers: another state of the same job id may share the
+    /// output and have pending files there. `None`: every run's.
+    pub runs: Option<&'a HashSet<String>>,
     /// The job's parallelism in this run: subtasks of earlier runs at or
     /// above it are gone, and a sink cleans up what they may have left
     /// (the Kafka sink fences their transactional ids).
@@ -132,16 +137,25 @@ pub struct SinkRestore<'a> {
     pub snapshot_log: Option<Location>,
 }
 
+/// Whether a leftover file of the job, `rest` being what follows
+/// `<prefix><job>.` in its name (`<run>-…`), was written by one of `runs`
+/// (see [`SinkRestore::runs`]).
+pub(crate) fn written_by(rest: &str, runs: Option<&HashSet<String>>) -> bool {
+    runs.is_none_or(|runs| rest.split_once('-').is_some_and(|(run, _)| runs.contains(run)))
+}
+
 /// Once a job has finished (its final checkpoint committed): deletes the
 /// in-progress files (aborts the uploads) of the job that no retained
 /// snapshot references.
 pub async fn clean_up_after_finish(spec: &SinkSpec, job: &str, run_id: &str, keep: &HashSet<String>, base_dir: &Path, storage: &CheckpointStorage) -> Result<()> {
     match spec {
-        SinkSpec::File(f) if f.is_s3() => s3_file::discard_unreferenced(&s3_file::Output::open(&f.path)?, job, run_id, keep).await,
-        SinkSpec::File(f) => file::discard_unreferenced(&base_dir.join(&f.path), job, run_id, keep),
-        SinkSpec::Postgres(p) if p.mode == PostgresMode::TwoPhaseCommit => postgres::discard_unreferenced(p, &postgres_scope(job, storage).await?, run_id, keep).await,
+        SinkSpec::File(f) if f.is_s3() => {
+            s3_file::discard_unreferenced(&s3_file::Output::open(&f.path)?, job, run_id, keep, Some(&storage.claimed_runs().await?)).await
+        }
+        SinkSpec::File(f) => file::discard_unreferenced(&base_dir.join(&f.path), job, run_id, keep, Some(&storage.claimed_runs().await?)),
+        SinkSpec::Postgres(p) if p.mode == PostgresMode::TwoPhaseCommit => postgres::discard_unreferenced(p, &state_scope(job, storage).await?, run_id, keep).await,
         SinkSpec::Postgres(p) if p.mode == PostgresMode::WriteAheadLog => {
-            postgres::discard_after_finish(p, &storage.dir(LOG_DIR), &postgres_scope(job, storage).await?, run_id, keep).await
+            postgres::discard_after_finish(p, &storage.dir(LOG_DIR), &state_scope(job, storage).await?, run_id, keep).await
         }
         SinkSpec::Kafka(k) if k.guarantee == Guarantee::ExactlyOnce => kafka::discard_after_finish(&storage.dir(LOG_DIR), run_id, keep).await,
         _ => Ok(()),
@@ -222,17 +236,18 @@ pub(crate) fn encode_jsonl(batch: &RecordBatch) -> std::result::Result<Vec<u8>, 
 pub async fn before_opening(spec: &SinkSpec, job: &str, subtasks: &[(u32, Vec<SinkState>)], parallelism: u32, storage: &CheckpointStorage) -> Result<()> {
     match spec {
         SinkSpec::Kafka(k) if k.guarantee == Guarantee::ExactlyOnce && subtasks.len() > 1 => {
-            kafka::Transactional::fence_earlier_runs(k, job, subtasks, parallelism, &storage.dir(LOG_DIR)).await
+            kafka::Transactional::fence_earlier_runs(k, &state_scope(job, storage).await?, subtasks, parallelism, &storage.dir(LOG_DIR)).await
         }
         _ => Ok(()),
     }
 }
 
 /// What the PostgreSQL sink names its prepared transactions and progress
-/// rows by, and cleans up by: the job id and its state's identity
+/// rows by, and the Kafka sink its transactional ids, and what they clean
+/// up and fence by: the job id and its state's identity
 /// (`<job>:<identity>`), so that two states of one job id sharing a
-/// database leave each other's alone.
-async fn postgres_scope(job: &str, storage: &CheckpointStorage) -> Result<String> {
+/// database or a topic leave each other's transactions alone.
+async fn state_scope(job: &str, storage: &CheckpointStorage) -> Result<String> {
     Ok(format!("{job}:{}", storage.identity().await?))
 }
 
@@ -244,16 +259,17 @@ impl SinkWriter {
         Ok(match spec {
             SinkSpec::Postgres(p) => match p.mode {
                 PostgresMode::TwoPhaseCommit => {
-                    SinkWriter::PostgresTwoPhase(postgres::TwoPhaseCommit::open(p, schema, &postgres_scope(job, storage).await?, subtask, run_id, restore).await?)
+                    SinkWriter::PostgresTwoPhase(postgres::TwoPhaseCommit::open(p, schema, &state_scope(job, storage).await?, subtask, run_id, restore).await?)
                 }
                 PostgresMode::Upsert => SinkWriter::PostgresUpsert(postgres::Upsert::open(p, schema).await?),
                 PostgresMode::WriteAheadLog => {
-                    let scope = postgres_scope(job, storage).await?;
+                    let scope = state_scope(job, storage).await?;
                     SinkWriter::PostgresWriteAhead(postgres::WriteAheadLog::open(p, schema, &scope, subtask, run_id, storage.dir(LOG_DIR), restore).await?)
                 }
             },
             SinkSpec::Kafka(k) if k.guarantee == Guarantee::ExactlyOnce => {
-                SinkWriter::KafkaExactlyOnce(kafka::Transactional::open(k, schema, job, subtask, run_id, storage.dir(LOG_DIR), restore).await?)
+                let scope = state_scope(job, storage).await?;
+                SinkWriter::KafkaExactlyOnce(kafka::Transactional::open(k, schema, &scope, subtask, run_id, storage.dir(LOG_DIR), restore).await?)
             }
             SinkSpec::Kafka(k) => SinkWriter::KafkaAtLeastOnce(kafka::AtLeastOnce::open(k, schema, job, subtask).await?),
             SinkSpec::File(f) if f.is_s3() => SinkWriter::S3File(S3FileSink::open(f, job, subtask, run_id, restore).await?),

@@ -602,3 +602,28 @@ fn kafka_to_postgres_in_each_mode_with_worker_kills_is_exactly_once() {
     let left = pg.prepared();
     assert!(left.is_empty(), "prepared transactions left after the jobs finished: {left:?}");
 }
+
+#[test]
+fn two_states_of_one_job_id_writing_one_topic_never_fence_each_other() {
+    // Two copies of job `eo-test` (two state directories, or colliding job
+    // ids) write to one topic at once. Transactional ids named by the job
+    // id alone would be the same in both: each start would fence the
+    // other's producers, and the two would restart each other in turn.
+    let first = Job::counting(2, 20_000, 16, 8_000, "150ms").output_to_kafka("exactly-once");
+    let second = Job::counting(2, 20_000, 16, 8_000, "150ms");
+    second.write_pipeline(&std::fs::read_to_string(first.path("pipeline.yaml")).unwrap());
+    let runs = [("first", first.spawn(&[])), ("second", second.spawn(&[]))];
+    for (name, child) in runs {
+        let out = wait_with_timeout(child, Duration::from_secs(120));
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        assert!(stderr(&out).contains(" 0 restarts"), "the {name} job was restarted (fenced by the other?):\n{}", stderr(&out));
+    }
+    let mut seen = std::collections::BTreeMap::<i64, u32>::new();
+    for v in first.committed_lines() {
+        assert_eq!(v["key"].as_i64(), v["seq"].as_i64().map(|s| s % 16), "{v}");
+        *seen.entry(v["seq"].as_i64().unwrap()).or_default() += 1;
+    }
+    let wrong: Vec<_> = (0..20_000).filter(|s| seen.get(s) != Some(&2)).take(5).map(|s| (s, seen.get(&s).copied().unwrap_or(0))).collect();
+    assert!(wrong.is_empty() && seen.len() == 20_000, "each job writes every event once: (seq, copies) {wrong:?}");
+    first.assert_no_open_transaction();
+}

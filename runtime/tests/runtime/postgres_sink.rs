@@ -201,6 +201,27 @@ fn two_states_of_one_job_id_sharing_a_database_never_roll_back_each_others_compl
 }
 
 #[test]
+fn two_states_of_one_job_id_sharing_a_database_never_delete_each_others_write_ahead_log_progress() {
+    // The write-ahead-log mode's progress rows say which entries are in
+    // the table. The first state crashes right after checkpoint 3's entry
+    // was committed with its row, before its log file was deleted; the
+    // second state of the same job id finishes meanwhile and cleans up its
+    // own rows. Had it taken the first's for its own, the first's restore
+    // would find no row and write checkpoint 3's entry a second time.
+    let pg = postgres::Server::start();
+    let first = write_ahead_job(&pg, 2, 40_000, 17, "200ms");
+    let out = first.command(&["--max-restarts", "0"]).env("WEIR_FAULT", "after-wal-commit@3").output().unwrap();
+    assert!(!out.status.success() && stderr(&out).contains("fault injection"), "the job did not crash:\n{}", stderr(&out));
+    let second = write_ahead_job(&pg, 2, 10_000, 17, "200ms");
+    let out = second.run(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    second.assert_exactly_once();
+    let out = first.run(&["--restore", "latest"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    first.assert_exactly_once();
+}
+
+#[test]
 fn a_completed_checkpoints_transaction_rolled_back_by_someone_else_is_a_fatal_error_naming_it() {
     // "Does not exist" is not taken for "committed": the server is asked.
     let pg = postgres::Server::start();
