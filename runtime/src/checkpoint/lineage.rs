@@ -237,6 +237,19 @@ impl CheckpointStorage {
         Ok(epochs)
     }
 
+    /// The ids of every run that claimed this state (claims are never
+    /// deleted). Output a run leaves behind carries its run id, so this is
+    /// what makes a leftover this state's to clean up: another state of the
+    /// same job id (a second job of one name sharing the output) has runs
+    /// of its own.
+    pub async fn claimed_runs(&self) -> Result<std::collections::HashSet<String>> {
+        let mut runs = std::collections::HashSet::new();
+        for epoch in self.epochs().await? {
+            runs.extend(self.claim_holder(epoch).await?);
+        }
+        Ok(runs)
+    }
+
     async fn claim_holder(&self, epoch: u64) -> Result<Option<String>> {
         let Some(bytes) = self.job_root.get(&format!("{}/claim", epoch_dir(epoch))).await? else { return Ok(None) };
         Ok(serde_json::from_slice::<serde_json::Value>(&bytes).ok().and_then(|v| v["run_id"].as_str().map(String::from)))

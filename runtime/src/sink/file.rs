@@ -94,7 +94,7 @@ impl FileSink {
             sink.sync_dir()?;
         }
         if let Some(keep) = restore.keep {
-            sink.discard_unreferenced(keep)?;
+            sink.discard_unreferenced(keep, restore.runs)?;
         }
         Ok(sink)
     }
@@ -200,9 +200,10 @@ impl FileSink {
     /// complete checkpoint and savepoint, and of the one being restored).
     /// Only files named for this job are touched (job names have no `.`, so
     /// the prefix `.part-<job>.` is this job's alone); the current
-    /// attempt's files are never touched.
-    fn discard_unreferenced(&self, keep: &HashSet<String>) -> Result<()> {
-        discard_unreferenced(&self.dir, &self.job, &self.run_id, keep)
+    /// attempt's files are never touched, and with `runs` only files of
+    /// those runs (this state's) are.
+    fn discard_unreferenced(&self, keep: &HashSet<String>, runs: Option<&HashSet<String>>) -> Result<()> {
+        discard_unreferenced(&self.dir, &self.job, &self.run_id, keep, runs)
     }
 }
 
@@ -211,13 +212,14 @@ impl FileSink {
 /// Also called once a job has finished: a checkpoint whose metadata was
 /// written just before its run died (so the run restarted from the one
 /// before) keeps its files only until retention deletes it.
-pub fn discard_unreferenced(dir: &Path, job: &str, run_id: &str, keep: &HashSet<String>) -> Result<()> {
+pub fn discard_unreferenced(dir: &Path, job: &str, run_id: &str, keep: &HashSet<String>, runs: Option<&HashSet<String>>) -> Result<()> {
     let entries = std::fs::read_dir(dir).map_err(Error::io(format!("file sink: listing {}", dir.display())))?;
     let job = format!("{TEMP_PREFIX}{job}.");
     let current = format!("{job}{run_id}-");
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().to_string();
-        if name.starts_with(&job) && name.ends_with(TEMP_SUFFIX) && !name.starts_with(&current) && !keep.contains(name.as_str()) {
+        let ours = name.strip_prefix(&job).is_some_and(|rest| super::written_by(rest, runs));
+        if ours && name.ends_with(TEMP_SUFFIX) && !name.starts_with(&current) && !keep.contains(name.as_str()) {
             tracing::info!(file = %name, "discarding in-progress file of a checkpoint that never completed");
             std::fs::remove_file(entry.path()).map_err(Error::io(format!("file sink: removing {name}")))?;
         }
@@ -291,12 +293,12 @@ mod tests {
         s.write(&batch(vec![3])).unwrap();
         drop(s); // the process dies before the commit notification of 1 arrives
         let keep: HashSet<String> = state.pending.iter().map(|p| p.temp.clone()).collect();
-        let restored = FileSink::open(&spec(), "job", 0, "r2", SinkRestore { mine: vec![state.clone()], keep: Some(&keep), parallelism: 1, snapshot_log: None }, dir.path()).unwrap();
+        let restored = FileSink::open(&spec(), "job", 0, "r2", SinkRestore { mine: vec![state.clone()], keep: Some(&keep), parallelism: 1, snapshot_log: None, runs: None }, dir.path()).unwrap();
         assert_eq!(visible(dir.path()), vec![r#"{"seq":1}"#]);
         assert!(leftovers(dir.path()).is_empty(), "{:?}", leftovers(dir.path()));
         drop(restored);
         // Restoring the same checkpoint twice is harmless: the commit is idempotent.
-        FileSink::open(&spec(), "job", 0, "r3", SinkRestore { mine: vec![state], keep: Some(&keep), parallelism: 1, snapshot_log: None }, dir.path()).unwrap();
+        FileSink::open(&spec(), "job", 0, "r3", SinkRestore { mine: vec![state], keep: Some(&keep), parallelism: 1, snapshot_log: None, runs: None }, dir.path()).unwrap();
         assert_eq!(visible(dir.path()), vec![r#"{"seq":1}"#]);
     }
 
@@ -308,7 +310,7 @@ mod tests {
         drop(s); // crashed before its first checkpoint
         assert_eq!(leftovers(dir.path()).len(), 1);
         let keep = HashSet::new();
-        FileSink::open(&spec(), "job", 0, "r2", SinkRestore { mine: vec![], keep: Some(&keep), parallelism: 1, snapshot_log: None }, dir.path()).unwrap();
+        FileSink::open(&spec(), "job", 0, "r2", SinkRestore { mine: vec![], keep: Some(&keep), parallelism: 1, snapshot_log: None, runs: None }, dir.path()).unwrap();
         assert!(leftovers(dir.path()).is_empty(), "{:?}", leftovers(dir.path()));
     }
 
@@ -334,7 +336,7 @@ mod tests {
         let before_other: Vec<String> = leftovers(dir.path()).into_iter().filter(|n| !n.starts_with(".part-a.")).collect();
         // "a" restores checkpoint 1: the savepoint's file must survive, the crashed tail must go.
         let keep: HashSet<String> = c1.pending.iter().chain(sp2.pending.iter()).map(|p| p.temp.clone()).collect();
-        FileSink::open(&spec(), "a", 0, "r2", SinkRestore { mine: vec![c1], keep: Some(&keep), parallelism: 1, snapshot_log: None }, dir.path()).unwrap();
+        FileSink::open(&spec(), "a", 0, "r2", SinkRestore { mine: vec![c1], keep: Some(&keep), parallelism: 1, snapshot_log: None, runs: None }, dir.path()).unwrap();
         let after = leftovers(dir.path());
         let sp_file = &sp2.pending.last().unwrap().temp;
         assert!(after.contains(sp_file), "the savepoint's in-progress file was deleted: {after:?}");
@@ -343,8 +345,27 @@ mod tests {
         assert_eq!(after_other, before_other, "files of other jobs were touched");
         // The savepoint is still restorable: its pending file commits.
         let keep2: HashSet<String> = sp2.pending.iter().map(|p| p.temp.clone()).collect();
-        FileSink::open(&spec(), "a", 0, "r3", SinkRestore { mine: vec![sp2], keep: Some(&keep2), parallelism: 1, snapshot_log: None }, dir.path()).unwrap();
+        FileSink::open(&spec(), "a", 0, "r3", SinkRestore { mine: vec![sp2], keep: Some(&keep2), parallelism: 1, snapshot_log: None, runs: None }, dir.path()).unwrap();
         assert!(visible(dir.path()).contains(&r#"{"seq":2}"#.to_string()));
+    }
+
+    #[test]
+    fn cleanup_touches_only_files_of_the_runs_of_its_own_state() {
+        // Two states of one job id share the directory: r1 is this state's
+        // run that crashed, t1 the other state's run with a pending file of
+        // a checkpoint it completed.
+        let dir = tempfile::tempdir().unwrap();
+        let mut mine = fresh("job", "r1", dir.path());
+        mine.write(&batch(vec![1])).unwrap();
+        drop(mine);
+        let mut twin = fresh("job", "t1", dir.path());
+        twin.write(&batch(vec![2])).unwrap();
+        let twins = twin.pre_commit(1).unwrap();
+        drop(twin);
+        let runs: HashSet<String> = ["r1".to_string(), "r2".to_string()].into();
+        let keep = HashSet::new();
+        FileSink::open(&spec(), "job", 0, "r2", SinkRestore { mine: vec![], keep: Some(&keep), runs: Some(&runs), parallelism: 1, snapshot_log: None }, dir.path()).unwrap();
+        assert_eq!(leftovers(dir.path()), vec![twins.pending[0].temp.clone()]);
     }
 
     #[test]

@@ -154,7 +154,7 @@ impl S3FileSink {
             sink.commit_staged(p).await?;
         }
         if let Some(keep) = restore.keep {
-            discard_unreferenced(&sink.out, &sink.job, &sink.run_id, keep).await?;
+            discard_unreferenced(&sink.out, &sink.job, &sink.run_id, keep, restore.runs).await?;
         }
         Ok(sink)
     }
@@ -342,7 +342,7 @@ fn no_such_upload(e: &object_store::Error) -> bool {
 /// deletes staged objects whose marker is gone: a killed run's completion
 /// can land after a newer run discarded its marker (the server finishes a
 /// request whose client died), and nothing else would ever find them.
-pub(crate) async fn discard_unreferenced(out: &Output, job: &str, run_id: &str, keep: &HashSet<String>) -> Result<()> {
+pub(crate) async fn discard_unreferenced(out: &Output, job: &str, run_id: &str, keep: &HashSet<String>, runs: Option<&HashSet<String>>) -> Result<()> {
     let listing = out
         .store
         .list_with_delimiter(Some(&out.prefix))
@@ -356,7 +356,8 @@ pub(crate) async fn discard_unreferenced(out: &Output, job: &str, run_id: &str, 
     let current = format!("{job}{run_id}-");
     for object in listing.objects {
         let Some(name) = object.location.filename().map(str::to_string) else { continue };
-        if !name.starts_with(&job) || name.starts_with(&current) {
+        let ours = name.strip_prefix(&job).is_some_and(|rest| super::written_by(rest, runs));
+        if !ours || name.starts_with(&current) {
             continue;
         }
         if let Some(stem) = name.strip_suffix(STAGED_SUFFIX) {

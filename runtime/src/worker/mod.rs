@@ -413,6 +413,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     // Subtask 0 of the sink cleans up after earlier attempts; it must keep
     // whatever any retained snapshot (or the restored one) still references.
     let keep = if hosted.contains(&0) { Some(restore::referenced_sink_files(&storage, restored.as_ref(), SINK_ID).await?) } else { None };
+    let own_runs = if hosted.contains(&0) { Some(storage.claimed_runs().await?) } else { None };
     // Alignment is what exactly-once costs; a job promising less skips it.
     let alignment = if spec.guarantee() == Guarantee::ExactlyOnce { Alignment::Aligned } else { Alignment::Tracked };
     let mine = |j: u32| -> Vec<SinkState> { sink_states.iter().filter(|(old, _)| old % p == j).map(|(_, s)| s.clone()).collect() };
@@ -457,7 +458,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                         None => Vec::new(),
                     };
                     let keep = if j == 0 { Some(restore::referenced_sink_files(&storage, restored.as_ref(), &state_id).await?) } else { None };
-                    let restore = SinkRestore { mine: states.iter().filter(|(old, _)| old % p == j).map(|(_, s)| s.clone()).collect(), keep: keep.as_ref(), parallelism: p, snapshot_log: None };
+                    let restore = SinkRestore { mine: states.iter().filter(|(old, _)| old % p == j).map(|(_, s)| s.clone()).collect(), keep: keep.as_ref(), runs: own_runs.as_ref(), parallelism: p, snapshot_log: None };
                     let sink = SinkWriter::open(&SinkSpec::File(output.clone()), &schema, job_id, j, &cluster.run_id, restore, &cfg.base_dir, &storage).await?;
                     late_records.push(LateRecords { operator: k, state_id, sink });
                 }
@@ -469,6 +470,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                     let restore = SinkRestore {
                         mine: mine(j),
                         keep: if j == 0 { keep.as_ref() } else { None },
+                        runs: if j == 0 { own_runs.as_ref() } else { None },
                         parallelism: p,
                         snapshot_log: restored.as_ref().map(|r| r.location.child(crate::sink::LOG_DIR)),
                     };
@@ -585,9 +587,11 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     }
     set_phase(ending);
     tasks.abort_all();
-    if ending == "finished" && index == 0 {
+    if index == 0 {
         // Retention ran before the final commit: what it deleted no longer
-        // protects in-progress files.
+        // protects in-progress files. A job stopped with a savepoint may
+        // never be resumed, so it leaves nothing behind either (what the
+        // savepoint references stays).
         let keep = restore::referenced_sink_files(&storage, None, SINK_ID).await?;
         crate::sink::clean_up_after_finish(&spec.sink, job_id, &cluster.run_id, &keep, &cfg.base_dir, &storage).await?;
         for (_, _, op, output) in &late_outputs {

@@ -259,3 +259,55 @@ fn checkpoint_metadata_and_the_latest_pointer_are_fsynced() {
         assert!(calls.lines().any(|l| l.contains("fsync(") && l.contains(what)), "no fsync of {what}:\n{calls}");
     }
 }
+
+/// The run ids that claimed a job's state (`<state>/eo-test/lineage/*/claim`).
+fn runs_of_state(job: &Job, state: &str) -> std::collections::HashSet<String> {
+    let lineage = job.path(&format!("{state}/eo-test/lineage"));
+    std::fs::read_dir(lineage)
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("claim")).ok())
+        .filter_map(|text| serde_json::from_str::<serde_json::Value>(&text).ok()?["run_id"].as_str().map(String::from))
+        .collect()
+}
+
+/// Each committed seq of the files in `out/eo` written by `runs`, counted.
+fn seqs_written_by(job: &Job, runs: &std::collections::HashSet<String>) -> std::collections::BTreeMap<i64, u32> {
+    let mut seqs = std::collections::BTreeMap::new();
+    for e in std::fs::read_dir(job.path("out/eo")).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Some(run) = name.strip_prefix("part-eo-test.").and_then(|rest| rest.split_once('-')).map(|(run, _)| run.to_string()) else { continue };
+        if runs.contains(&run) {
+            for line in std::fs::read_to_string(e.path()).unwrap().lines() {
+                let v: serde_json::Value = serde_json::from_str(line).unwrap();
+                *seqs.entry(v["seq"].as_i64().unwrap()).or_insert(0) += 1;
+            }
+        }
+    }
+    seqs
+}
+
+#[test]
+fn a_second_state_of_one_job_sharing_the_output_never_discards_the_others_pending_files() {
+    // Two jobs of one name write to one output directory from two state
+    // directories, one after the other (the output lock refuses them side
+    // by side). The first crashes between a checkpoint's completion and
+    // its commit: that checkpoint's files stay pending for its restore.
+    // The second must not take them for leftovers of its own runs, or the
+    // first one's restore finds them gone.
+    let job = Job::counting(2, 30_000, 16, 15_000, "150ms");
+    let crashed = job.command(&["--max-restarts", "0"]).env("WEIR_FAULT", "after-complete@3").output().unwrap();
+    assert!(!crashed.status.success(), "the fault did not stop the first job: {}", stderr(&crashed));
+    let pending = || std::fs::read_dir(job.path("out/eo")).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".inprogress")).count();
+    assert!(pending() > 0, "the crash left no pending file to protect");
+    let twin = job.weir(&["run", "pipeline.yaml", "--state-dir", "state-twin"]).output().unwrap();
+    assert!(twin.status.success(), "the second job: {}", stderr(&twin));
+    let resumed = job.run(&["--restore", "latest"]);
+    assert!(resumed.status.success(), "the first job's restore: {}", stderr(&resumed));
+    for state in ["state", "state-twin"] {
+        let seqs = seqs_written_by(&job, &runs_of_state(&job, state));
+        let twice: Vec<_> = seqs.iter().filter(|(_, n)| **n > 1).map(|(s, _)| *s).take(5).collect();
+        assert!(twice.is_empty(), "{state}: seqs committed twice, e.g. {twice:?}");
+        assert_eq!(seqs.len(), 30_000, "{state}: every event once");
+    }
+}
