@@ -182,6 +182,35 @@ async fn an_unknown_savepoint_request_is_404() {
 }
 
 #[tokio::test]
+async fn a_cancelled_savepoint_request_reaches_the_coordinator_and_an_unknown_one_is_404() {
+    let control = worker(0);
+    let (tx, mut rx) = mpsc::channel(4);
+    control.serve_savepoints(tx);
+    let addr = start(control.clone()).await;
+    let (code, answer) = req(addr, "DELETE", "/v1/savepoints/never-asked", TOKEN, None).await;
+    assert_eq!(code, 404, "{answer}");
+    assert_eq!(req(addr, "POST", "/v1/savepoints", TOKEN, Some(r#"{"request_id": "suspend-1", "stop": true}"#)).await.0, 202);
+    assert!(matches!(rx.recv().await, Some(ApiRequest::Savepoint { stop: true, .. })));
+    // The coordinator abandons it and answers.
+    let book = control.savepoint_book();
+    let coordinator = tokio::spawn(async move {
+        match rx.recv().await {
+            Some(ApiRequest::Cancel { request_id, done }) => {
+                book.fail(&request_id, "cancelled by its requester; the job goes on");
+                let _ = done.send(());
+                request_id
+            }
+            _ => String::new(),
+        }
+    });
+    let (code, answer) = req(addr, "DELETE", "/v1/savepoints/suspend-1", TOKEN, None).await;
+    assert_eq!(coordinator.await.unwrap(), "suspend-1");
+    assert_eq!(code, 200, "{answer}");
+    let o: SavepointOutcome = serde_json::from_str(&answer).unwrap();
+    assert_eq!((o.state, o.error.as_deref()), (SavepointState::Failed, Some("cancelled by its requester; the job goes on")));
+}
+
+#[tokio::test]
 async fn a_savepoint_request_to_a_stopped_coordinator_fails_instead_of_hanging() {
     let control = worker(0);
     let (tx, rx) = mpsc::channel(1);

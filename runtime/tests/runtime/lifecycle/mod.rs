@@ -212,6 +212,72 @@ fn check_output(lines: &[(String, Value)], size: Size, may_repeat: Option<&HashS
     Ok(())
 }
 
+/// The events each generator split had emitted at a snapshot, from its
+/// `_metadata` (`"splits": {"generator-<k>": n}`): split k's events are
+/// seqs k, k + MAX_PARALLELISM, … `None` if the metadata does not say.
+fn savepoint_read_positions(dir: &Path) -> Option<BTreeMap<i64, u64>> {
+    fn collect(v: &Value, out: &mut BTreeMap<i64, u64>) {
+        match v {
+            Value::Object(m) => {
+                for (k, x) in m {
+                    match (k.as_str(), x.as_object()) {
+                        ("splits", Some(splits)) => {
+                            for (name, n) in splits {
+                                if let (Some(i), Some(n)) = (name.strip_prefix("generator-").and_then(|i| i.parse().ok()), n.as_u64()) {
+                                    out.insert(i, n);
+                                }
+                            }
+                        }
+                        _ => collect(x, out),
+                    }
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|x| collect(x, out)),
+            _ => {}
+        }
+    }
+    let text = std::fs::read_to_string(dir.join("_metadata")).ok()?;
+    let json = text.trim_end().rsplit_once('\n').map(|(j, _)| j)?;
+    let mut out = BTreeMap::new();
+    collect(&serde_json::from_str(json).ok()?, &mut out);
+    (!out.is_empty()).then_some(out)
+}
+
+/// After a stop: each split's committed events (repeats aside) are its
+/// first ones, none missing before the last, and, with the stop
+/// savepoint's read positions, as many as it had read (at least as many
+/// after a fork, which may have committed further before going back).
+fn check_prefix_up_to(lines: &[(String, Value)], size: Size, read: Option<&BTreeMap<i64, u64>>, forked: bool) -> Step {
+    let m = MAX_PARALLELISM as i64;
+    let mut by_split: BTreeMap<i64, BTreeSet<i64>> = BTreeMap::new();
+    for (at, v) in lines {
+        let seq = v["seq"].as_i64().unwrap_or(-1);
+        let expected = expected_record(seq, size.keys);
+        if *v != expected || seq < 0 || seq as u64 >= size.events {
+            return Err(violation("every committed record is the one a failure-free run commits (count = seq / keys + 1)", format!("{at}: {v} but expected {expected}")));
+        }
+        by_split.entry(seq % m).or_default().insert(seq);
+    }
+    for split in 0..m {
+        let seqs = by_split.remove(&split).unwrap_or_default();
+        if let Some((e, _)) = seqs.iter().enumerate().find(|(e, s)| **s != split + *e as i64 * m) {
+            return Err(violation(
+                "a job stopped with a savepoint has published all it read up to it",
+                format!("split {split}: seq {} is not committed, but {} later ones are", split + e as i64 * m, seqs.len() - e),
+            ));
+        }
+        let Some(r) = read.map(|r| r.get(&split).copied().unwrap_or(0)) else { continue };
+        let n = seqs.len() as u64;
+        if n < r || (n > r && !forked) {
+            return Err(violation(
+                "a job stopped with a savepoint has published exactly what it read up to it",
+                format!("split {split}: the savepoint had read {r} events, {n} are committed"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// In-progress sink files some complete snapshot of the job still lists as
 /// pending: they stay until that snapshot is restored (a savepoint taken just
 /// before a crash keeps its files so that it remains restorable).
@@ -219,9 +285,18 @@ fn check_output(lines: &[(String, Value)], size: Size, may_repeat: Option<&HashS
 /// transactions (PostgreSQL) a snapshot references: they stay while it may
 /// be restored.
 fn referenced_in_progress(job_dir: &Path) -> BTreeSet<String> {
+    referenced_in_progress_except(job_dir, None)
+}
+
+/// [`referenced_in_progress`] by every snapshot but `except` (a directory
+/// name, `sp-…`): what a committed snapshot may not excuse.
+fn referenced_in_progress_except(job_dir: &Path, except: Option<&str>) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for sub in ["checkpoints", "savepoints"] {
         for snapshot in std::fs::read_dir(job_dir.join(sub)).into_iter().flatten().flatten() {
+            if except.is_some_and(|e| snapshot.file_name().to_string_lossy() == e) {
+                continue;
+            }
             let Ok(text) = std::fs::read_to_string(snapshot.path().join("_metadata")) else { continue };
             // The metadata is JSON followed by a `crc32:` line.
             let json = text.trim_end().rsplit_once('\n').map(|(j, _)| j).unwrap_or("");
@@ -334,12 +409,28 @@ enum Action {
     /// Damage a state file of a complete snapshot and restore it: it must fail
     /// at once, name the file and change nothing.
     Corrupt { pick: usize, file_pick: usize, offset_pick: u64 },
+    /// `weir savepoint`, then SIGKILL the process tree at once, before the
+    /// next checkpoint: the savepoint's interval is published once, whether
+    /// the job resumes from it or (later, in a copy) it is restored again.
+    SavepointThenCrash { after_ms: u64 },
+    /// From now on the store is slow: every shared file of a checkpoint a
+    /// few ids ahead takes `delay_ms` to write, longer than the checkpoint
+    /// timeout, so that an incremental checkpoint is abandoned mid-write
+    /// (the job is stopped and resumed with incremental checkpoints).
+    SlowStore { ahead: u64, delay_ms: u64, via_savepoint: bool },
+    /// A second job of the same name from a state directory of its own
+    /// (`state-twin`), with a worker killed: to the same output directory
+    /// (file sink; the output lock refuses two runs at once, so the job is
+    /// crashed first and leaves its pending files there), or beside the
+    /// running job to another table or topic of the same server. Each is
+    /// exactly once; neither touches the other's transactions or files.
+    TwinJob { kill_after_ms: u64 },
 }
 
 fn draw_plan(rng: &mut StdRng) -> Vec<Action> {
     let n = rng.random_range(3..=8);
     (0..n)
-        .map(|_| match rng.random_range(0..20) {
+        .map(|_| match rng.random_range(0..22) {
             0..=1 => Action::Start,
             2 => Action::ReRun { kill_worker: rng.random_bool(0.5) },
             3..=6 => Action::KillWorker { after_ms: rng.random_range(0..1500), during_checkpoint: rng.random_bool(0.5), victim: rng.random_range(0..4) },
@@ -353,6 +444,9 @@ fn draw_plan(rng: &mut StdRng) -> Vec<Action> {
                 via_savepoint: rng.random_bool(0.5),
             },
             16..=17 => Action::SecondRun { after_ms: rng.random_range(0..800) },
+            18 => Action::SavepointThenCrash { after_ms: rng.random_range(0..1200) },
+            19 => Action::SlowStore { ahead: rng.random_range(1..=4), delay_ms: rng.random_range(600..=1500), via_savepoint: rng.random_bool(0.5) },
+            20 => Action::TwinJob { kill_after_ms: rng.random_range(100..1500) },
             _ => Action::Corrupt { pick: rng.random_range(0..64), file_pick: rng.random_range(0..64), offset_pick: rng.random() },
         })
         .collect()
@@ -401,6 +495,10 @@ struct Model<'a> {
     runs_started: u32,
     started: Instant,
     history: Vec<String>,
+    /// Set by [`Action::SlowStore`]: (checkpoint id, delay in ms).
+    slow_store: Option<(u64, u64)>,
+    /// How many twin jobs ran ([`Action::TwinJob`]).
+    twins: u32,
 }
 
 impl<'a> Model<'a> {
@@ -415,7 +513,12 @@ impl<'a> Model<'a> {
     }
 
     fn pipeline(&self) -> String {
-        pipeline_yaml(self.size, self.shape, self.parallelism, &self.output.sink_yaml())
+        let yaml = pipeline_yaml(self.size, self.shape, self.parallelism, &self.output.sink_yaml());
+        match self.slow_store {
+            // A checkpoint timeout below the delay: the slow one is abandoned.
+            Some((_, delay)) => yaml.replacen("checkpoint:\n", &format!("checkpoint:\n  timeout: {}ms\n", delay / 2), 1),
+            None => yaml,
+        }
     }
 
     fn current_run_id(&self) -> Option<String> {
@@ -437,6 +540,9 @@ impl<'a> Model<'a> {
             extra.extend(["--restore", r]);
         }
         let mut c = self.job.command(&extra);
+        if let Some((id, delay)) = self.slow_store {
+            c.env("WEIR_SLOW_SHARED_WRITE", format!("{id}:{delay}ms"));
+        }
         c.envs(self.output.env()).stdin(Stdio::null())
             .stdout(std::fs::File::create(&out).unwrap())
             .stderr(std::fs::File::create(&err).unwrap())
@@ -645,6 +751,7 @@ impl<'a> Model<'a> {
         match run.proc.wait_for(Duration::from_secs(30)) {
             Some(s) if s.success() => {
                 self.run = None;
+                self.check_stopped(&path)?;
                 self.lineage = Lineage::Stopped(path);
                 Ok(true)
             }
@@ -654,6 +761,97 @@ impl<'a> Model<'a> {
             )),
             None => Err(violation("after stop-with-savepoint the job exits 0 by itself", "still running 30 s after the savepoint completed")),
         }
+    }
+
+    /// A job stopped with a savepoint, and perhaps never resumed, has
+    /// published everything it read up to the savepoint and left nothing
+    /// open: each key's committed events are all of its first ones (none
+    /// missing before the last, which a stop whose interval stayed pending
+    /// would show as a tail missing from the savepoint's read position),
+    /// and nothing is pending, prepared or open that only the stop
+    /// savepoint references.
+    fn check_stopped(&mut self, savepoint: &str) -> Step {
+        let lines = self.output.committed(self.job.dir.path())?;
+        let read = savepoint_read_positions(Path::new(savepoint));
+        let forked = self.any_may_repeat || !self.may_repeat.is_empty();
+        check_prefix_up_to(&lines, self.size, read.as_ref(), forked)?;
+        let name = Path::new(savepoint).file_name().map(|n| n.to_string_lossy().into_owned());
+        self.output.check_nothing_open(self.job.dir.path(), &self.job.path(JOB_DIR), name.as_deref())?;
+        self.note("the stop published everything up to its savepoint and left nothing open");
+        Ok(())
+    }
+
+    /// See [`Action::TwinJob`].
+    fn twin_job(&mut self, kill_after_ms: u64) -> Step {
+        let file = matches!(self.output, Output::File);
+        if file && self.running()? {
+            self.kill_tree();
+        } else if !file {
+            self.ensure_running()?;
+        }
+        let target = if file { Output::File } else { self.output.fresh() };
+        self.twins += 1;
+        let n = self.twins;
+        std::fs::write(self.job.path("twin.yaml"), pipeline_yaml(self.size, self.shape, self.parallelism, &target.sink_yaml())).unwrap();
+        let err = self.job.path(&format!("runs/twin-{n}.stderr"));
+        std::fs::create_dir_all(self.job.path("runs")).unwrap();
+        let mut twin = KillOnDrop::new(
+            std::process::Command::new(WEIR)
+                .current_dir(self.job.dir.path())
+                .args(["run", "twin.yaml", "--state-dir", "state-twin"])
+                .env("RUST_LOG", "warn")
+                .envs(target.env())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&err).unwrap())
+                .process_group(0)
+                .spawn()
+                .unwrap(),
+        );
+        self.note(format!("twin job {n}: same name, state-twin, {} (twin-{n}.stderr)", target.describe()));
+        std::thread::sleep(Duration::from_millis(kill_after_ms));
+        let info = std::fs::read_to_string(self.job.path("state-twin/eo-test/run.json")).ok().and_then(|t| serde_json::from_str::<Value>(&t).ok());
+        if let Some(pid) = info.and_then(|v| v["worker_pids"][0].as_u64()).map(|p| p as u32) {
+            if parent_of(pid) == Some(twin.pid()) {
+                kill(pid);
+                self.note(format!("killed worker pid {pid} of the twin job"));
+            }
+        }
+        match twin.wait_for(RUN_LIMIT) {
+            Some(st) if st.success() => {}
+            st => {
+                let how = st.map(|s| s.to_string()).unwrap_or_else(|| format!("still running after {RUN_LIMIT:?}"));
+                return Err(violation("a second job of one name from another state directory runs to its end", format!("{how}; stderr:\n{}", tail(&err, 15))));
+            }
+        }
+        let twin_dir = self.job.path("state-twin/eo-test");
+        let lines = match &target {
+            Output::File => {
+                // The twin's files, by its runs; moved away afterwards, as
+                // a user would keep the two outputs apart to read them.
+                let runs = claimed_runs(&twin_dir);
+                let theirs = |name: &str| name.strip_prefix("part-eo-test.").and_then(|r| r.split_once('-')).is_some_and(|(run, _)| runs.contains(run));
+                let moved = self.job.path(&format!("out/twin-{n}"));
+                std::fs::create_dir_all(&moved).unwrap();
+                for e in std::fs::read_dir(self.out_dir()).unwrap().flatten() {
+                    if theirs(&e.file_name().to_string_lossy()) {
+                        std::fs::rename(e.path(), moved.join(e.file_name())).unwrap();
+                    }
+                }
+                output::committed_files(&moved)?
+            }
+            _ => target.committed(self.job.dir.path())?,
+        };
+        let checked = check_output(&lines, self.size, Some(&HashSet::new())).and_then(|()| match &target {
+            Output::File => Ok(()),
+            _ => target.check_nothing_left(self.job.dir.path(), &twin_dir),
+        });
+        checked.map_err(|e| match e {
+            Stop::Violation { invariant, detail } => violation(&format!("a second job of one name sharing the output or server: {invariant}"), detail),
+            other => other,
+        })?;
+        self.note(format!("twin job {n} wrote every event once"));
+        Ok(())
     }
 
     /// Stops the running job (stop-with-savepoint or a crash), applies a
@@ -912,6 +1110,23 @@ impl<'a> Model<'a> {
                 Ok(())
             }
             Action::Corrupt { pick, file_pick, offset_pick } => self.corrupt(pick, file_pick, offset_pick),
+            Action::SavepointThenCrash { after_ms } => {
+                self.ensure_running()?;
+                if self.sleep_running(after_ms)? {
+                    self.take_savepoint()?;
+                    if self.running()? {
+                        self.kill_tree();
+                    }
+                }
+                Ok(())
+            }
+            Action::TwinJob { kill_after_ms } => self.twin_job(kill_after_ms),
+            Action::SlowStore { ahead, delay_ms, via_savepoint } => self.upgrade(via_savepoint, |m| {
+                let newest = list_snapshots(m.job).iter().map(|s| s.id).max().unwrap_or(0);
+                m.slow_store = Some((newest + ahead, delay_ms));
+                m.shape.incremental = true;
+                format!("slow store: checkpoint {}'s shared files take {delay_ms} ms to write, the checkpoint timeout is {} ms; incremental checkpoints", newest + ahead, delay_ms / 2)
+            }),
         }
     }
 
@@ -1002,6 +1217,18 @@ impl<'a> Model<'a> {
     }
 }
 
+/// The run ids that claimed a job's state (`<job dir>/lineage/*/claim`):
+/// its output files carry them.
+fn claimed_runs(job_dir: &Path) -> HashSet<String> {
+    std::fs::read_dir(job_dir.join("lineage"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("claim")).ok())
+        .filter_map(|text| serde_json::from_str::<Value>(&text).ok()?["run_id"].as_str().map(String::from))
+        .collect()
+}
+
 /// The parent pid of a process, from /proc: a pid in `run.json` is killed
 /// only while it is a child of our `weir run` (never a reused pid).
 fn parent_of(pid: u32) -> Option<u32> {
@@ -1050,6 +1277,8 @@ fn run_sequence(seed: u64, stop_supported: bool, connectors: Option<&postgres::S
         runs_started: 0,
         started: Instant::now(),
         history: Vec::new(),
+        slow_store: None,
+        twins: 0,
     };
     let result = (|| {
         for (i, a) in plan.iter().enumerate() {

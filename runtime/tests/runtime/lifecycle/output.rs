@@ -175,6 +175,41 @@ impl<'a> Output<'a> {
     }
 }
 
+impl Output<'_> {
+    /// What a job stopped with savepoint `stop` (its directory name) must
+    /// not leave: an in-progress file (file), a transaction open on the
+    /// topic or its progress topic (Kafka), a prepared transaction (PostgreSQL)
+    /// that only the stop savepoint, or no snapshot, references. The stop
+    /// savepoint committed its own; an older savepoint that a kill kept
+    /// from committing may still hold its.
+    pub fn check_nothing_open(&self, root: &Path, job_dir: &Path, stop: Option<&str>) -> Step {
+        let excused = super::referenced_in_progress_except(job_dir, stop);
+        match self {
+            Output::File => {
+                let left: BTreeSet<String> = super::in_progress_files(&root.join("out/eo")).difference(&excused).cloned().collect();
+                if !left.is_empty() {
+                    return Err(violation("a job stopped with a savepoint leaves no in-progress file pending", format!("{left:?}")));
+                }
+            }
+            Output::Kafka { broker, topic } => {
+                for t in [topic.clone(), format!("{topic}-progress")] {
+                    let held = broker.partitions_held_after(&t, std::time::Duration::from_secs(5));
+                    if !held.is_empty() {
+                        return Err(violation("a job stopped with a savepoint leaves no transaction open on the broker", format!("partitions {held:?} of {t}")));
+                    }
+                }
+            }
+            Output::Postgres { server, .. } => {
+                let prepared: Vec<String> = server.prepared().into_iter().filter(|g| g.starts_with("weir:") && !excused.contains(g)).collect();
+                if !prepared.is_empty() {
+                    return Err(violation("a job stopped with a savepoint leaves no transaction prepared", format!("{prepared:?}")));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The sink's log of records kept with the checkpoints (Kafka, write-ahead
 /// log) holds, once the job finished, only entries some retained snapshot
 /// references (a savepoint whose transaction a kill left uncommitted needs
