@@ -141,7 +141,8 @@ pub struct SinkRestore<'a> {
 /// `<prefix><job>.` in its name (`<run>-…`), was written by one of `runs`
 /// (see [`SinkRestore::runs`]).
 pub(crate) fn written_by(rest: &str, runs: Option<&HashSet<String>>) -> bool {
-    runs.is_none_or(|runs| rest.split_once('-').is_some_and(|(run, _)| runs.contains(run)))
+    // Run ids are ours to choose but need not be free of `-`: match whole ids.
+    runs.is_none_or(|runs| runs.iter().any(|run| rest.strip_prefix(run.as_str()).is_some_and(|after| after.starts_with('-'))))
 }
 
 /// Once a job has finished (its final checkpoint committed): deletes the

@@ -310,16 +310,34 @@ fn staged_files_of_older_runs_that_no_snapshot_needs_are_deleted_and_other_jobs_
     let bucket = bucket();
     let job = Job::counting(1, 20_000, 10, 0, "200ms").output_on_s3(&bucket);
     let (b, prefix) = job.s3_output.clone().unwrap();
-    let orphan = format!("{prefix}/.part-eo-test.deadbeef00-000-000003.jsonl.staged");
-    let other_job = format!("{prefix}/.part-other.deadbeef00-000-000003.jsonl.staged");
-    b.put(&orphan, "{\"seq\": 1}\n");
-    b.put(&other_job, "{\"seq\": 1}\n");
     let out = job.run(&[]);
+    assert!(out.status.success(), "weir run failed:\n{}", stderr(&out));
+    // A staged file of an earlier run of this job's state that no snapshot
+    // needs (an upload cut off by a crash); one of another job; one of
+    // another state of this job id (a run this state never had).
+    let claim = a_claimed_run(&job);
+    let orphan = format!("{prefix}/.part-eo-test.{claim}-000-000003.jsonl.staged");
+    let other_job = format!("{prefix}/.part-other.{claim}-000-000003.jsonl.staged");
+    let other_state = format!("{prefix}/.part-eo-test.feedface00-000-000003.jsonl.staged");
+    for key in [&orphan, &other_job, &other_state] {
+        b.put(key, "{\"seq\": 1}\n");
+    }
+    // Resuming the finished job ends it again, and it cleans up.
+    let out = job.run(&["--restore", "latest"]);
     assert!(out.status.success(), "weir run failed:\n{}", stderr(&out));
     let keys = job.output_keys();
     assert!(!keys.contains(&orphan), "the orphaned staged file is still there: {keys:?}");
     assert!(keys.contains(&other_job), "another job's staged file was deleted: {keys:?}");
+    assert!(keys.contains(&other_state), "another state's staged file was deleted: {keys:?}");
     job.assert_exactly_once();
+}
+
+/// A run id that claimed the job's (local) state.
+fn a_claimed_run(job: &Job) -> String {
+    let lineage = job.path("state/eo-test/lineage");
+    let claim = std::fs::read_dir(&lineage).unwrap().flatten().find_map(|e| std::fs::read_to_string(e.path().join("claim")).ok()).unwrap_or_else(|| panic!("no claim under {}", lineage.display()));
+    let claim: serde_json::Value = serde_json::from_str(&claim).unwrap();
+    claim["run_id"].as_str().unwrap().to_string()
 }
 
 #[test]
