@@ -41,7 +41,7 @@ use tokio::sync::mpsc;
 use super::lineage::RunClaim;
 use super::metadata::{CheckpointMetadata, SnapshotKind, SubtaskAck};
 use super::savepoints::SavepointBook;
-use super::storage::CheckpointStorage;
+use super::storage::{CheckpointStorage, SnapshotInfo};
 use crate::control::{ApiRequest, CheckpointStatus, SharedStatus};
 use crate::error::{Error, Result};
 use crate::exchange::Barrier;
@@ -150,8 +150,10 @@ struct Coordinator {
 
 /// Runs the coordinator until the job finishes (Ok) or a worker is lost (Err).
 pub async fn run(cfg: CoordinatorConfig, listener: TcpListener, mut api: mpsc::Receiver<ApiRequest>, status: SharedStatus) -> Result<()> {
-    let next_id = cfg.storage.next_id().await?;
-    let retained_shared = retained_shared_files(&cfg.storage).await?;
+    // One listing gives both: every snapshot's metadata is read once.
+    let snapshots = cfg.storage.list_with_metadata().await?;
+    let next_id = crate::checkpoint::storage::next_id_after(snapshots.iter().map(|(info, _)| info));
+    let retained_shared = retained_shared_files(&snapshots);
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let run_id = cfg.run_id.clone();
     tokio::spawn(accept_workers(listener, run_id, cfg.run_proof.clone(), cfg.restored_from.clone(), events_tx));
@@ -223,14 +225,19 @@ pub async fn run(cfg: CoordinatorConfig, listener: TcpListener, mut api: mpsc::R
 
 /// The shared state files of the complete checkpoints in storage, by id:
 /// what retention keeps until this run completes checkpoints of its own.
-async fn retained_shared_files(storage: &CheckpointStorage) -> Result<std::collections::BTreeMap<u64, std::collections::HashSet<String>>> {
-    let mut out = std::collections::BTreeMap::new();
-    for (info, meta) in storage.list_with_metadata().await? {
-        if let (SnapshotKind::Checkpoint, Some(meta)) = (info.kind, meta) {
-            out.insert(info.id, meta.operators.values().flatten().flat_map(|s| s.shared.iter().map(|f| f.name.clone())).collect());
-        }
-    }
-    Ok(out)
+fn retained_shared_files(snapshots: &[(SnapshotInfo, Option<CheckpointMetadata>)]) -> std::collections::BTreeMap<u64, std::collections::HashSet<String>> {
+    snapshots
+        .iter()
+        .filter_map(|(info, meta)| match (info.kind, meta) {
+            (SnapshotKind::Checkpoint, Some(meta)) => Some((info.id, shared_files(meta))),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The shared state files a checkpoint names.
+fn shared_files(meta: &CheckpointMetadata) -> std::collections::HashSet<String> {
+    meta.operators.values().flatten().flat_map(|s| s.shared.iter().map(|f| f.name.clone())).collect()
 }
 
 async fn accept_workers(listener: TcpListener, run_id: String, proof: String, restored_from: Option<String>, events: mpsc::UnboundedSender<Event>) {
@@ -698,8 +705,7 @@ impl Coordinator {
 
     /// Mirrors retention: it keeps the newest `retain` complete checkpoints.
     fn retain_shared(&mut self, meta: &CheckpointMetadata) {
-        let names = meta.operators.values().flatten().flat_map(|s| s.shared.iter().map(|f| f.name.clone())).collect();
-        self.retained_shared.insert(meta.checkpoint_id, names);
+        self.retained_shared.insert(meta.checkpoint_id, shared_files(meta));
         while self.retained_shared.len() > self.cfg.retain.max(1) {
             self.retained_shared.pop_first();
         }

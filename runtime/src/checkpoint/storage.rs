@@ -369,6 +369,11 @@ pub struct SnapshotInfo {
     pub is_latest: bool,
 }
 
+/// The smallest id above every one of `snapshots` ([`CheckpointStorage::next_id`]).
+pub fn next_id_after<'a>(snapshots: impl Iterator<Item = &'a SnapshotInfo>) -> u64 {
+    snapshots.map(|s| s.id).max().map_or(1, |m| m + 1)
+}
+
 impl CheckpointStorage {
     /// The storage of `job` under a state directory (a path or URL).
     pub fn open(state_dir: &str, job: &str, create: bool) -> Result<Self> {
@@ -484,7 +489,7 @@ impl CheckpointStorage {
     /// The smallest id above every id ever used, so that no new checkpoint
     /// reuses the directory of an abandoned one.
     pub async fn next_id(&self) -> Result<u64> {
-        Ok(self.list().await?.iter().map(|s| s.id).max().map(|m| m + 1).unwrap_or(1))
+        Ok(next_id_after(self.list().await?.iter()))
     }
 
     /// Deletes all but the newest `retain` completed checkpoints, and every

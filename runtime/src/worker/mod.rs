@@ -21,6 +21,7 @@ pub mod restore;
 pub(crate) mod start_positions;
 mod start;
 pub mod subtask;
+mod subtask_positions;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -17,7 +17,7 @@
 //! restores one, and a checkpoint never reads these.
 
 use crate::checkpoint::{CheckpointStorage, Location};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::source::SourcePositions;
 
 const DIR: &str = "read-marks";
@@ -35,28 +35,17 @@ impl ReadMarks {
 
     /// Records `positions` as read: once this returns, no run reads before them.
     pub async fn save(&self, positions: &SourcePositions) -> Result<()> {
-        let bytes = serde_json::to_vec(positions).map_err(|e| Error::Job(format!("encoding read marks: {e}")))?;
-        self.dir.put_durable(&format!("subtask-{}.json", self.subtask), bytes).await
+        super::subtask_positions::save(&self.dir, self.subtask, positions, "read marks").await
     }
 
     /// Every subtask's marks, merged: each split at its furthest position.
     /// A mark that cannot be read is an error naming the object, never a
     /// silent start from the beginning (which would repeat records).
     pub async fn load(storage: &CheckpointStorage) -> Result<SourcePositions> {
-        let dir = storage.dir(DIR);
-        let mut merged = SourcePositions::default();
-        for name in dir.list_objects("").await? {
-            if !name.ends_with(".json") {
-                continue;
-            }
-            let Some(bytes) = dir.get(&name).await? else { continue };
-            let marks: SourcePositions = serde_json::from_slice(&bytes).map_err(|e| Error::BadCheckpoint {
-                location: format!("{}/{name}", dir.display),
-                message: format!("the read marks of an at-most-once job do not parse ({e}); delete the file to resume from the other subtasks' marks, or start without --restore to read from the beginning"),
-            })?;
-            merge(&mut merged, marks);
-        }
-        Ok(merged)
+        super::subtask_positions::load(&storage.dir(DIR), merge, |e| {
+            format!("the read marks of an at-most-once job do not parse ({e}); delete the file to resume from the other subtasks' marks, or start without --restore to read from the beginning")
+        })
+        .await
     }
 
     /// Forgets every mark: a fresh start reads from the beginning.

@@ -18,35 +18,24 @@
 //! positions, a restore never reads these.
 
 use crate::checkpoint::CheckpointStorage;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::source::SourcePositions;
 
 const DIR: &str = "source-start";
 
 /// Records where `subtask`'s splits start: before it emits anything.
 pub async fn save(storage: &CheckpointStorage, subtask: u32, positions: &SourcePositions) -> Result<()> {
-    let bytes = serde_json::to_vec(positions).map_err(|e| Error::Job(format!("encoding start positions: {e}")))?;
-    storage.dir(DIR).put_durable(&format!("subtask-{subtask}.json"), bytes).await
+    super::subtask_positions::save(&storage.dir(DIR), subtask, positions, "start positions").await
 }
 
 /// Every subtask's recorded start, merged: each split at its earliest
 /// position. A record that cannot be read is an error naming it, never a
 /// silent new start (which could skip records).
 pub async fn load(storage: &CheckpointStorage) -> Result<SourcePositions> {
-    let dir = storage.dir(DIR);
-    let mut merged = SourcePositions::default();
-    for name in dir.list_objects("").await? {
-        if !name.ends_with(".json") {
-            continue;
-        }
-        let Some(bytes) = dir.get(&name).await? else { continue };
-        let start: SourcePositions = serde_json::from_slice(&bytes).map_err(|e| Error::BadCheckpoint {
-            location: format!("{}/{name}", dir.display),
-            message: format!("the recorded start positions of the job's sources do not parse ({e}); delete the file, or start without --restore to resolve the sources' start again"),
-        })?;
-        merge(&mut merged, start);
-    }
-    Ok(merged)
+    super::subtask_positions::load(&storage.dir(DIR), merge, |e| {
+        format!("the recorded start positions of the job's sources do not parse ({e}); delete the file, or start without --restore to resolve the sources' start again")
+    })
+    .await
 }
 
 /// Forgets the recorded start: a deliberate fresh start resolves it again.

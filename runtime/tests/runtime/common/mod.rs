@@ -310,29 +310,25 @@ impl Job {
     /// and per key the counts 1..n once each (a key's events up to a point
     /// of the input, none missing before it). Returns how many events.
     pub fn assert_once_up_to_a_point(&self) -> usize {
-        let lines = self.committed_lines();
-        let mut seqs = HashSet::new();
-        let mut counts: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
-        for l in &lines {
-            let seq = l["seq"].as_i64().expect("seq");
-            assert!(seqs.insert(seq), "seq {seq} committed twice");
-            let key = l["key"].as_i64().expect("key");
-            assert_eq!(key, seq % self.keys as i64, "key of seq {seq}");
-            counts.entry(key).or_default().push(l["count"].as_i64().expect("count"));
-        }
-        for (key, mut c) in counts {
-            c.sort();
-            let n = c.len() as i64;
-            assert_eq!(c, (1..=n).collect::<Vec<_>>(), "counts of key {key}: an event of it is missing before its last one");
-        }
-        seqs.len()
+        self.once_per_key().0.len()
     }
 
     pub fn assert_exactly_once(&self) {
-        let lines = self.committed_lines();
+        let (seqs, per_key) = self.once_per_key();
+        assert_eq!(seqs.len() as u64, self.events, "committed {} of {} events; missing {}", seqs.len(), self.events, self.missing(&seqs));
+        for (key, n) in per_key {
+            let expected = (self.events as i64 - key + self.keys as i64 - 1) / self.keys as i64;
+            assert_eq!(n, expected, "events of key {key}");
+        }
+    }
+
+    /// What both oracles check: every committed seq once, with its key and
+    /// value, and per key the counts 1..n once each (none missing before
+    /// the key's last). The seqs, and n per key.
+    fn once_per_key(&self) -> (HashSet<i64>, BTreeMap<i64, i64>) {
         let mut seqs = HashSet::new();
         let mut counts: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
-        for l in &lines {
+        for l in &self.committed_lines() {
             let seq = l["seq"].as_i64().expect("seq");
             assert!(seqs.insert(seq), "seq {seq} committed twice");
             let key = l["key"].as_i64().expect("key");
@@ -340,14 +336,16 @@ impl Job {
             assert_eq!(l["value"].as_i64(), Some(seq));
             counts.entry(key).or_default().push(l["count"].as_i64().expect("count"));
         }
-        assert_eq!(seqs.len() as u64, self.events, "committed {} of {} events; missing {}", seqs.len(), self.events, self.missing(&seqs));
-        for (key, mut c) in counts {
-            c.sort();
-            let n = c.len() as i64;
-            assert_eq!(c, (1..=n).collect::<Vec<_>>(), "counts of key {key}");
-            let expected = (self.events as i64 - key + self.keys as i64 - 1) / self.keys as i64;
-            assert_eq!(n, expected, "events of key {key}");
-        }
+        let per_key = counts
+            .into_iter()
+            .map(|(key, mut c)| {
+                c.sort();
+                let n = c.len() as i64;
+                assert_eq!(c, (1..=n).collect::<Vec<_>>(), "counts of key {key}: an event of it is missing before its last one");
+                (key, n)
+            })
+            .collect();
+        (seqs, per_key)
     }
 }
 

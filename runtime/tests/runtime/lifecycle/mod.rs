@@ -243,6 +243,17 @@ fn savepoint_read_positions(dir: &Path) -> Option<BTreeMap<i64, u64>> {
     (!out.is_empty()).then_some(out)
 }
 
+/// One committed record (`at`: where it is) is the one a failure-free run
+/// commits for its seq; its seq.
+fn check_record(at: &str, v: &Value, size: Size) -> Result<i64, Stop> {
+    let seq = v["seq"].as_i64().unwrap_or(-1);
+    let expected = expected_record(seq, size.keys);
+    if *v != expected || seq < 0 || seq as u64 >= size.events {
+        return Err(violation("every committed record is the one a failure-free run commits (count = seq / keys + 1)", format!("{at}: {v} but expected {expected}")));
+    }
+    Ok(seq)
+}
+
 /// After a stop: each split's committed events (repeats aside) are its
 /// first ones, none missing before the last, and, with the stop
 /// savepoint's read positions, as many as it had read (at least as many
@@ -251,11 +262,7 @@ fn check_prefix_up_to(lines: &[(String, Value)], size: Size, read: Option<&BTree
     let m = MAX_PARALLELISM as i64;
     let mut by_split: BTreeMap<i64, BTreeSet<i64>> = BTreeMap::new();
     for (at, v) in lines {
-        let seq = v["seq"].as_i64().unwrap_or(-1);
-        let expected = expected_record(seq, size.keys);
-        if *v != expected || seq < 0 || seq as u64 >= size.events {
-            return Err(violation("every committed record is the one a failure-free run commits (count = seq / keys + 1)", format!("{at}: {v} but expected {expected}")));
-        }
+        let seq = check_record(at, v, size)?;
         by_split.entry(seq % m).or_default().insert(seq);
     }
     for split in 0..m {

@@ -16,7 +16,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::{expected_record, violation, Size, Step, Stop};
+use super::{violation, Size, Step, Stop};
 use crate::common::*;
 
 /// The sinks a sequence may write with.
@@ -255,11 +255,7 @@ pub fn check_restored_suffix(lines: &[(String, Value)], size: Size) -> Step {
     let keys = size.keys as i64;
     let mut by_key: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
     for (at, v) in lines {
-        let seq = v["seq"].as_i64().unwrap_or(-1);
-        let expected = expected_record(seq, size.keys);
-        if *v != expected || seq < 0 || seq as u64 >= size.events {
-            return Err(violation("every committed record is the one a failure-free run commits (count = seq / keys + 1)", format!("{at}: {v} but expected {expected}")));
-        }
+        let seq = super::check_record(at, v, size)?;
         by_key.entry(seq % keys).or_default().push(seq);
     }
     for (key, mut seqs) in by_key {
