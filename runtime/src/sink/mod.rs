@@ -145,10 +145,25 @@ pub(crate) fn written_by(rest: &str, runs: Option<&HashSet<String>>) -> bool {
     runs.is_none_or(|runs| runs.iter().any(|run| rest.strip_prefix(run.as_str()).is_some_and(|after| after.starts_with('-'))))
 }
 
-/// Once a job has finished (its final checkpoint committed): deletes the
-/// in-progress files (aborts the uploads) of the job that no retained
-/// snapshot references.
-pub async fn clean_up_after_finish(spec: &SinkSpec, job: &str, run_id: &str, keep: &HashSet<String>, base_dir: &Path, storage: &CheckpointStorage) -> Result<()> {
+/// Whether the run that cleans up its job's leftovers is over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunEnd {
+    /// It finished, or was stopped and its process exits: nothing of it
+    /// will be written any more, so its own unreferenced files go too.
+    Over,
+    /// It was stopped with a savepoint but lives on (pod mode: the pods
+    /// stay until the operator deletes them, and a cancelled stop resumes
+    /// the job), so everything of its own is left for a later run.
+    MayResume,
+}
+
+/// Once a job has finished or been stopped (the final checkpoint or the
+/// stopping savepoint committed): deletes the in-progress files (aborts the
+/// uploads), prepared transactions and log entries of the job that no
+/// retained snapshot references. Retention may have retired, during the
+/// run, the snapshots that protected an earlier run's leftovers; a job that
+/// is never resumed must not keep them.
+pub async fn clean_up_after_end(spec: &SinkSpec, job: &str, run_id: &str, end: RunEnd, keep: &HashSet<String>, base_dir: &Path, storage: &CheckpointStorage) -> Result<()> {
     match spec {
         SinkSpec::File(f) if f.is_s3() => {
             s3_file::discard_unreferenced(&s3_file::Output::open(&f.path)?, job, run_id, keep, Some(&storage.claimed_runs().await?)).await
@@ -156,9 +171,9 @@ pub async fn clean_up_after_finish(spec: &SinkSpec, job: &str, run_id: &str, kee
         SinkSpec::File(f) => file::discard_unreferenced(&base_dir.join(&f.path), job, run_id, keep, Some(&storage.claimed_runs().await?)),
         SinkSpec::Postgres(p) if p.mode == PostgresMode::TwoPhaseCommit => postgres::discard_unreferenced(p, &state_scope(job, storage).await?, run_id, keep).await,
         SinkSpec::Postgres(p) if p.mode == PostgresMode::WriteAheadLog => {
-            postgres::discard_after_finish(p, &storage.dir(LOG_DIR), &state_scope(job, storage).await?, run_id, keep).await
+            postgres::discard_after_end(p, &storage.dir(LOG_DIR), &state_scope(job, storage).await?, run_id, end, keep).await
         }
-        SinkSpec::Kafka(k) if k.guarantee == Guarantee::ExactlyOnce => kafka::discard_after_finish(&storage.dir(LOG_DIR), run_id, keep).await,
+        SinkSpec::Kafka(k) if k.guarantee == Guarantee::ExactlyOnce => kafka::discard_after_end(&storage.dir(LOG_DIR), run_id, end, keep).await,
         _ => Ok(()),
     }
 }

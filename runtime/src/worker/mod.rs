@@ -13,6 +13,7 @@
 //! whoever started it (the local supervisor or the operator) restores the job
 //! from the latest completed checkpoint.
 
+mod clean_up;
 pub mod gate;
 pub mod protocol;
 mod read_marks;
@@ -108,6 +109,8 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     // At-most-once takes no checkpoints: the coordinator only runs the
     // final barrier (which flushes the sinks) and refuses savepoints.
     let at_most_once = spec.guarantee() == Guarantee::AtMostOnce;
+    // A local run's processes exit after a stop; pods stay until deleted.
+    let ends_after_stop = matches!(cfg.placement, Placement::Local(_));
     let mut coordinator_task = None;
     if index == 0 {
         let Some(claim) = claim else { return Err(Error::Job("worker 0 started without a claim on the job's state".into())) };
@@ -130,7 +133,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
             storage: storage.clone(),
             savepoints: control.savepoint_book(),
             restored_from: restored_from.clone(),
-            end_after_stop: matches!(cfg.placement, Placement::Local(_)),
+            end_after_stop: ends_after_stop,
             claim,
         };
         coordinator_task = Some(tokio::spawn(coordinator::run(ccfg, control_listener, api_rx, status)));
@@ -191,6 +194,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     // So does every subtask under incremental checkpoints: its chains of
     // state files move when their checkpoint completes.
     let late_outputs = plan.late_records_outputs();
+    let job_outputs = clean_up::Outputs { sink: spec.sink.clone(), late_records: late_outputs.iter().map(|(_, _, op, output)| (op.clone(), output.clone())).collect() };
     let incremental = spec.checkpoint.incremental && !at_most_once;
     let mut stage_notifications: HashMap<(usize, u32), broadcast::Receiver<Notification>> = HashMap::new();
     for (stage, plan_stage) in plan.stages.iter().enumerate() {
@@ -220,6 +224,13 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     {
         let shutdown = shutdown.clone();
         let stopped = stopped.clone();
+        // A pod stays after a stop until the operator deletes it (or the
+        // stop is cancelled and the job goes on), so worker 0 cleans up once
+        // its sinks committed the stopping savepoint, before it says so:
+        // the operator deletes the pods only after that.
+        let clean_up_at_stop = (index == 0 && !ends_after_stop).then(|| {
+            Arc::new(clean_up::AtStop { outputs: job_outputs.clone(), job: job_id.to_string(), run_id: cluster.run_id.clone(), base_dir: cfg.base_dir.clone(), storage: storage.clone() })
+        });
         let mut start_tx = Some(start_tx);
         let to_coord = to_coord.clone();
         let mut stop_savepoint = None;
@@ -257,11 +268,14 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                     Ok(ToWorker::Complete { checkpoint_id }) => {
                         let _ = notify_tx.send(Notification::Complete(checkpoint_id));
                         if stop_savepoint == Some(checkpoint_id) {
-                            let (mut rxs, to_coord) = (committed_rxs.clone(), to_coord.clone());
+                            let (mut rxs, to_coord, clean_up_at_stop) = (committed_rxs.clone(), to_coord.clone(), clean_up_at_stop.clone());
                             tokio::spawn(async move {
                                 for rx in &mut rxs {
                                     // A subtask that ended has nothing left to commit.
                                     let _ = rx.wait_for(|c| *c >= checkpoint_id).await;
+                                }
+                                if let Some(c) = clean_up_at_stop {
+                                    c.run().await;
                                 }
                                 let _ = to_coord.send(ToCoordinator::Committed { checkpoint_id });
                             });
@@ -593,12 +607,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
         // protects in-progress files. A job stopped with a savepoint may
         // never be resumed, so it leaves nothing behind either (what the
         // savepoint references stays).
-        let keep = restore::referenced_sink_files(&storage, None, SINK_ID).await?;
-        crate::sink::clean_up_after_finish(&spec.sink, job_id, &cluster.run_id, &keep, &cfg.base_dir, &storage).await?;
-        for (_, _, op, output) in &late_outputs {
-            let keep = restore::referenced_sink_files(&storage, None, &crate::plan::late_records_id(op)).await?;
-            crate::sink::clean_up_after_finish(&SinkSpec::File(output.clone()), job_id, &cluster.run_id, &keep, &cfg.base_dir, &storage).await?;
-        }
+        clean_up::clean_up_after_end(&job_outputs, job_id, &cluster.run_id, crate::sink::RunEnd::Over, &cfg.base_dir, &storage).await?;
     }
     // Let the coordinator answer the last status requests of the supervisor.
     tokio::time::sleep(Duration::from_millis(100)).await;

@@ -415,6 +415,46 @@ fn a_stopping_savepoint_location_from_the_api_restores_as_given_exactly_once() {
     job.assert_exactly_once();
 }
 
+/// A pod stopped with a savepoint stays until the operator deletes it, and a
+/// deleted job is never resumed: worker 0 deletes, before it reports the
+/// stop committed, the leftovers of earlier runs that retention left unprotected during the
+/// run, and keeps this run's own (a cancelled stop resumes the run).
+#[test]
+fn a_pod_stopped_with_a_savepoint_cleans_up_earlier_runs_leftovers_while_it_waits_to_be_deleted() {
+    let job = Job::counting(2, 100_000, 29, 20_000, "100ms");
+    let mut first = Pods::start(&job, 6, "pod-run-c1", &[]);
+    first.put_membership("pod-run-c1");
+    first.wait_running(5_000);
+    first.kill(0);
+    assert_eq!(first.wait(1, Duration::from_secs(30)).code(), Some(1), "worker 1 after losing worker 0:\n{}", first.logs());
+
+    let mut second = Pods::start(&job, 7, "pod-run-c2", &["--restore", "latest"]);
+    second.put_membership("pod-run-c2");
+    second.wait_running(5_000);
+    // Planted after the start's own clean-up, as retention would leave them
+    // by retiring the last checkpoint that referenced them.
+    let earlier = job.path("out/eo/.part-eo-test.pod-run-c1-000-000999.jsonl.inprogress");
+    let own = job.path("out/eo/.part-eo-test.pod-run-c2-001-000999.jsonl.inprogress");
+    let other_state = job.path("out/eo/.part-eo-test.feedface00-000-000999.jsonl.inprogress");
+    for f in [&earlier, &own, &other_state] {
+        std::fs::write(f, "{\"seq\": 1}\n").unwrap();
+    }
+    // The operator deletes the pods once the stop is reported complete, so
+    // the clean-up is done by then.
+    let savepoint = second.savepoint("delete-1", true);
+    assert!(!earlier.exists(), "the earlier run's leftover is still there after the stop:\n{}", second.logs());
+    assert!(second.children.iter_mut().flatten().all(|c| c.try_wait().unwrap().is_none()), "the pods must wait to be deleted:\n{}", second.logs());
+    assert!(own.exists(), "the stopped run's own file was deleted, though the stop may be cancelled");
+    assert!(other_state.exists(), "a file of a run this state never had was deleted");
+    drop(second);
+
+    let mut third = Pods::start(&job, 8, "pod-run-c3", &["--restore", &savepoint]);
+    third.put_membership("pod-run-c3");
+    third.wait_finished();
+    job.assert_exactly_once();
+    assert!(!own.exists(), "the next run discards the stopped run's leftover");
+}
+
 #[test]
 fn a_worker_on_an_ipv6_pod_ip_serves_joins_and_finishes() {
     // ::1 stands for an IPv6 pod IP: the control address is given bare, the

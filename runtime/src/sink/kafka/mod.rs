@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::kafka::{self, Deliveries, Scope, UserSettings, REQUEST_TIMEOUT};
 use crate::sink::encode_jsonl;
 
-pub use transactional::{discard_after_finish, KafkaLogEntry, Transactional};
+pub use transactional::{discard_after_end, KafkaLogEntry, Transactional};
 
 /// Messages of one batch, ready to send: values are JSON objects.
 struct Messages {

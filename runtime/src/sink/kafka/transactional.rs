@@ -481,7 +481,8 @@ async fn discard_unreferenced(log: &Location, run_id: Option<&str>, keep: &HashS
     crate::sink::discard_unreferenced_log_files(log, run_id, keep, "kafka").await
 }
 
-/// Once a job has finished: [`discard_unreferenced`].
-pub async fn discard_after_finish(log: &Location, _run_id: &str, keep: &HashSet<String>) -> Result<()> {
-    discard_unreferenced(log, None, keep).await
+/// Once a job has finished or been stopped: [`discard_unreferenced`], the
+/// run's own entries too if it is over.
+pub async fn discard_after_end(log: &Location, run_id: &str, end: crate::sink::RunEnd, keep: &HashSet<String>) -> Result<()> {
+    discard_unreferenced(log, (end == crate::sink::RunEnd::MayResume).then_some(run_id), keep).await
 }

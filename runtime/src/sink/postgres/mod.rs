@@ -44,7 +44,7 @@ use weir_api::PostgresSinkSpec;
 
 pub use two_phase::{discard_unreferenced, TwoPhaseCommit};
 pub use upsert::Upsert;
-pub use write_ahead::{discard_after_finish, LogEntry, WriteAheadLog};
+pub use write_ahead::{discard_after_end, LogEntry, WriteAheadLog};
 
 use crate::error::{Error, Result};
 

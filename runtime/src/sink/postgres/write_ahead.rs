@@ -285,10 +285,11 @@ async fn discard_unreferenced(client: &Client, log: &Location, progress: &str, j
     Ok(())
 }
 
-/// Once a job has finished: [`discard_unreferenced`] on a connection of its own.
-pub async fn discard_after_finish(spec: &PostgresSinkSpec, log: &Location, job: &str, run_id: &str, keep: &HashSet<String>) -> Result<()> {
+/// Once a job has finished or been stopped: [`discard_unreferenced`] on a
+/// connection of its own; the run's own entries too if it is over.
+pub async fn discard_after_end(spec: &PostgresSinkSpec, log: &Location, job: &str, run_id: &str, end: crate::sink::RunEnd, keep: &HashSet<String>) -> Result<()> {
     let client = connect(spec, "clean-up").await?;
-    discard_unreferenced(&client, log, &progress_table(spec), job, run_id, keep, true).await
+    discard_unreferenced(&client, log, &progress_table(spec), job, run_id, keep, end == crate::sink::RunEnd::Over).await
 }
 
 /// The progress table's name in SQL: in the sink table's schema.
