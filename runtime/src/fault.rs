@@ -29,6 +29,11 @@
 //! `WEIR_SLOW_SHARED_WRITE=<checkpoint>:<duration>` delays every write of a
 //! shared state file (incremental checkpoints) of that checkpoint: a slow
 //! store under which the checkpoint is abandoned mid-write.
+//! `WEIR_FAILING_PUT=<text>` makes every write to storage of an object whose
+//! path contains `<text>` fail, as a store that answers 500 or 403 does;
+//! with `WEIR_FAILING_PUT_ONCE=<file>` only the first such write of all the
+//! processes sharing `<file>` fails (a restore that took the same
+//! checkpoint id again would otherwise fail the same way forever).
 
 use std::sync::OnceLock;
 
@@ -93,4 +98,21 @@ pub async fn slow_shared_write(checkpoint_id: u64) {
             tokio::time::sleep(d).await;
         }
     }
+}
+
+/// Why a write of the object at `path` fails, when `WEIR_FAILING_PUT`
+/// names it (see the module's documentation).
+pub fn failing_put(path: &str) -> Option<String> {
+    static FAILING: OnceLock<Option<String>> = OnceLock::new();
+    let text = FAILING.get_or_init(|| std::env::var("WEIR_FAILING_PUT").ok().filter(|t| !t.is_empty())).as_deref()?;
+    if !path.contains(text) {
+        return None;
+    }
+    if let Ok(marker) = std::env::var("WEIR_FAILING_PUT_ONCE") {
+        if std::fs::OpenOptions::new().write(true).create_new(true).open(&marker).is_err() {
+            return None; // failed once already
+        }
+    }
+    tracing::warn!(path, "failing write injected");
+    Some(format!("injected failure (WEIR_FAILING_PUT={text})"))
 }

@@ -168,6 +168,9 @@ impl Location {
 
     pub async fn put(&self, name: &str, bytes: Vec<u8>) -> Result<()> {
         let path = self.path(name);
+        if let Some(why) = crate::fault::failing_put(path.as_ref()) {
+            return Err(Error::storage(format!("{}/{name}", self.display))(object_store::Error::Generic { store: "weir", source: why.into() }));
+        }
         self.store
             .put(&path, PutPayload::from(bytes))
             .await

@@ -59,7 +59,8 @@
 //! printed first and in every failure. `WEIR_LIFECYCLE_SEED` fixes it,
 //! `WEIR_LIFECYCLE_SEQUENCES` sets how many sequences run (sequence k uses
 //! seed + k, so a failing sequence reruns alone with its own seed);
-//! `scripts/soak-lifecycle` runs many.
+//! `WEIR_LIFECYCLE_FOCUS=<action>` (say `FailingStore`) skips the sequences
+//! whose plan lacks that action; `scripts/soak-lifecycle` runs many.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
@@ -75,6 +76,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
 mod output;
+mod start_latest;
 
 const REPRODUCE: &str = "cargo test --release --workspace --test runtime lifecycle::random_lifecycles_keep";
 const REPRODUCE_CONNECTORS: &str = "cargo test --release --workspace --test runtime lifecycle::random_lifecycles_with_connector";
@@ -432,12 +434,52 @@ enum Action {
     /// running job to another table or topic of the same server. Each is
     /// exactly once; neither touches the other's transactions or files.
     TwinJob { kill_after_ms: u64 },
+    /// From now on one write to storage fails (once, in all processes): an
+    /// object of a checkpoint a few ids ahead, chosen by `object`
+    /// ([`FailedPut`]), as a store answering 500 or 403 does (the job is
+    /// stopped and resumed with the fault set).
+    FailingStore { ahead: u64, object: FailedPut, via_savepoint: bool },
+}
+
+/// Which object of checkpoint N the failing store refuses.
+#[derive(Debug, Clone, Copy)]
+enum FailedPut {
+    /// A shared state file (incremental checkpoints are turned on).
+    SharedFile,
+    /// The first file written in the checkpoint's directory: a subtask's
+    /// state file, or the metadata when there is none.
+    StateFile,
+    /// The checkpoint's `_metadata`, written by the coordinator.
+    Metadata,
+    /// The lineage's record of the checkpoint, written after its metadata:
+    /// the checkpoint looks complete on disk but was never completed.
+    LineageRecord,
+    /// A sink's log entry (the Kafka and write-ahead-log sinks'; the file
+    /// sink has none, and nothing fails).
+    SinkLog,
+}
+
+impl FailedPut {
+    fn draw(rng: &mut StdRng) -> FailedPut {
+        [FailedPut::SharedFile, FailedPut::StateFile, FailedPut::Metadata, FailedPut::LineageRecord, FailedPut::SinkLog][rng.random_range(0..5)]
+    }
+
+    /// What the object's path contains (`WEIR_FAILING_PUT`), for checkpoint `id`.
+    fn pattern(self, id: u64) -> String {
+        match self {
+            FailedPut::SharedFile => format!("-chk{id}.arrow"),
+            FailedPut::StateFile => format!("checkpoints/chk-{id}/"),
+            FailedPut::Metadata => format!("checkpoints/chk-{id}/_metadata"),
+            FailedPut::LineageRecord => format!("chk-{id:020}"),
+            FailedPut::SinkLog => format!("-{id:012}.arrow"),
+        }
+    }
 }
 
 fn draw_plan(rng: &mut StdRng) -> Vec<Action> {
     let n = rng.random_range(3..=8);
     (0..n)
-        .map(|_| match rng.random_range(0..22) {
+        .map(|_| match rng.random_range(0..23) {
             0..=1 => Action::Start,
             2 => Action::ReRun { kill_worker: rng.random_bool(0.5) },
             3..=6 => Action::KillWorker { after_ms: rng.random_range(0..1500), during_checkpoint: rng.random_bool(0.5), victim: rng.random_range(0..4) },
@@ -454,6 +496,7 @@ fn draw_plan(rng: &mut StdRng) -> Vec<Action> {
             18 => Action::SavepointThenCrash { after_ms: rng.random_range(0..1200) },
             19 => Action::SlowStore { ahead: rng.random_range(1..=4), delay_ms: rng.random_range(600..=1500), via_savepoint: rng.random_bool(0.5) },
             20 => Action::TwinJob { kill_after_ms: rng.random_range(100..1500) },
+            21 => Action::FailingStore { ahead: rng.random_range(1..=4), object: FailedPut::draw(rng), via_savepoint: rng.random_bool(0.5) },
             _ => Action::Corrupt { pick: rng.random_range(0..64), file_pick: rng.random_range(0..64), offset_pick: rng.random() },
         })
         .collect()
@@ -506,6 +549,9 @@ struct Model<'a> {
     slow_store: Option<(u64, u64)>,
     /// How many twin jobs ran ([`Action::TwinJob`]).
     twins: u32,
+    /// Set by [`Action::FailingStore`]: (what the path contains, the marker
+    /// file that makes it fail once).
+    failing_put: Option<(String, PathBuf)>,
 }
 
 impl<'a> Model<'a> {
@@ -549,6 +595,9 @@ impl<'a> Model<'a> {
         let mut c = self.job.command(&extra);
         if let Some((id, delay)) = self.slow_store {
             c.env("WEIR_SLOW_SHARED_WRITE", format!("{id}:{delay}ms"));
+        }
+        if let Some((pattern, once)) = &self.failing_put {
+            c.env("WEIR_FAILING_PUT", pattern).env("WEIR_FAILING_PUT_ONCE", once);
         }
         c.envs(self.output.env()).stdin(Stdio::null())
             .stdout(std::fs::File::create(&out).unwrap())
@@ -1134,6 +1183,16 @@ impl<'a> Model<'a> {
                 m.shape.incremental = true;
                 format!("slow store: checkpoint {}'s shared files take {delay_ms} ms to write, the checkpoint timeout is {} ms; incremental checkpoints", newest + ahead, delay_ms / 2)
             }),
+            Action::FailingStore { ahead, object, via_savepoint } => self.upgrade(via_savepoint, |m| {
+                let id = list_snapshots(m.job).iter().map(|s| s.id).max().unwrap_or(0) + ahead;
+                let pattern = object.pattern(id);
+                let once = m.job.path(&format!("failing-put-{}.once", m.runs_started));
+                if matches!(object, FailedPut::SharedFile) {
+                    m.shape.incremental = true;
+                }
+                m.failing_put = Some((pattern.clone(), once));
+                format!("failing store: the first write of an object whose path contains {pattern:?} fails ({object:?}, checkpoint {id}); incremental {}", m.shape.incremental)
+            }),
         }
     }
 
@@ -1260,6 +1319,11 @@ fn run_sequence(seed: u64, stop_supported: bool, connectors: Option<&postgres::S
     let shape = Shape { filter: rng.random_bool(0.3), interval_ms: [100, 150, 200, 300][rng.random_range(0..4)], mode: Mode::draw(&mut rng), incremental: rng.random_bool(0.5) };
     let parallelism = rng.random_range(1..=4);
     let plan = draw_plan(&mut rng);
+    if let Ok(focus) = std::env::var("WEIR_LIFECYCLE_FOCUS") {
+        if !plan.iter().any(|a| format!("{a:?}").starts_with(&focus)) {
+            return Err((Stop::Inconclusive(format!("skipped: the plan has no {focus} (WEIR_LIFECYCLE_FOCUS)")), Vec::new(), PathBuf::new()));
+        }
+    }
     let kind = if connectors.is_some() { SinkKind::connector(rng.random_range(0..3)) } else { SinkKind::File };
     let output = Output::new(kind, connectors);
     println!("  {} events, {} keys, parallelism {parallelism}, {shape:?}, {}; plan:", size.events, size.keys, output.describe());
@@ -1286,6 +1350,7 @@ fn run_sequence(seed: u64, stop_supported: bool, connectors: Option<&postgres::S
         history: Vec::new(),
         slow_store: None,
         twins: 0,
+        failing_put: None,
     };
     let result = (|| {
         for (i, a) in plan.iter().enumerate() {
@@ -1294,6 +1359,10 @@ fn run_sequence(seed: u64, stop_supported: bool, connectors: Option<&postgres::S
         }
         m.note("final run to the end");
         m.run_to_end()?;
+        if let Some((pattern, once)) = m.failing_put.clone() {
+            let fired = if once.exists() { "failed as injected" } else { "never came" };
+            m.note(format!("the write of {pattern:?} {fired}"));
+        }
         m.check_lineage_output()?;
         m.note("output ok");
         m.check_every_snapshot_restores(&mut rng)
