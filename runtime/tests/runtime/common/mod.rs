@@ -168,13 +168,15 @@ impl Job {
     /// [`Job::take_savepoint`] with more `weir savepoint` arguments (`--stop`).
     pub fn take_savepoint_with(&self, extra: &[&str]) -> String {
         let start = Instant::now();
+        let mut last = String::new();
         loop {
-            assert!(start.elapsed() < Duration::from_secs(30), "no savepoint could be taken");
+            assert!(start.elapsed() < Duration::from_secs(30), "no savepoint could be taken; the last attempt said: {last}");
             std::thread::sleep(Duration::from_millis(300));
             let out = self.weir(&["savepoint", "--state-dir", &self.state]).args(extra).output().unwrap();
             if out.status.success() {
                 return String::from_utf8_lossy(&out.stdout).trim().to_string();
             }
+            last = stderr(&out);
         }
     }
 

@@ -90,6 +90,35 @@ fn first_of_partition_from(p: i64, from: i64) -> i64 {
     from + (p - from.rem_euclid(PARTITIONS)).rem_euclid(PARTITIONS)
 }
 
+/// Starts `weir run` (info logs) with its output in `runs/<n>.stderr` of the job directory.
+fn spawn(job: &Job, n: usize, extra: &[&str]) -> KillOnDrop {
+    use std::os::unix::process::CommandExt;
+    let logs = job.path("runs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let mut c = job.command(extra);
+    c.env("RUST_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(logs.join(format!("{n:02}.stderr"))).unwrap())
+        .process_group(0);
+    KillOnDrop::new(c.spawn().unwrap())
+}
+
+/// Asks for a stopping savepoint until one is taken; the last refusal otherwise.
+fn stop_with_savepoint(job: &Job) -> Result<String, String> {
+    let start = Instant::now();
+    let mut last = String::new();
+    while start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(300));
+        let out = job.weir(&["savepoint", "--state-dir", "state", "--stop"]).output().unwrap();
+        if out.status.success() {
+            return Ok(String::from_utf8_lossy(&out.stdout).trim().to_string());
+        }
+        last = stderr(&out);
+    }
+    Err(format!("no stopping savepoint could be taken in 30 s; the last attempt said: {last}"))
+}
+
 fn run_one(seed: u64) -> Result<(), String> {
     let mut rng = StdRng::seed_from_u64(seed);
     let parallelism: u32 = rng.random_range(1..=3);
@@ -106,10 +135,22 @@ fn run_one(seed: u64) -> Result<(), String> {
         kafka::bootstrap()
     );
     let job = Job::with_pipeline(&yaml, 0, 1);
+    drive(&job, &mut producer, kills).map_err(|e| {
+        // The job directory goes with `job`: a copy keeps its logs.
+        let kept = std::env::temp_dir().join(format!("weir-start-latest-{seed}"));
+        let _ = std::process::Command::new("cp").arg("-a").arg(job.dir.path()).arg(&kept).status();
+        format!("{e}\n  job directory kept (logs in runs/): {}", kept.display())
+    })
+}
+
+/// Runs the job through `kills` while `producer` writes, stops it with a
+/// savepoint, and checks what it committed.
+fn drive(job: &Job, producer: &mut Producer, kills: Vec<(u64, bool)>) -> Result<(), String> {
     let before_spawn = producer.sent();
-    let mut run = KillOnDrop::new(job.spawn(&[]));
+    let mut runs = 0;
+    let mut run = spawn(job, runs, &[]);
     let start = Instant::now();
-    while recorded_start_splits(&job) < PARTITIONS as usize {
+    while recorded_start_splits(job) < PARTITIONS as usize {
         if start.elapsed() > Duration::from_secs(30) {
             return Err("the first run never recorded where it starts".into());
         }
@@ -125,7 +166,8 @@ fn run_one(seed: u64) -> Result<(), String> {
         if tree {
             println!("  killing the process tree, restarting with --restore latest");
             run.kill();
-            run = KillOnDrop::new(job.spawn(&["--restore", "latest"]));
+            runs += 1;
+            run = spawn(job, runs, &["--restore", "latest"]);
         } else if let Some((pids, run_id)) = job.worker_pids() {
             println!("  killing worker {} of {run_id}", pids[0]);
             kill(pids[0]);
@@ -144,7 +186,7 @@ fn run_one(seed: u64) -> Result<(), String> {
     let last = |p: i64| first_of_partition_from(p, end - PARTITIONS);
     let t = Instant::now();
     loop {
-        let got = values_of(&job);
+        let got = values_of(job);
         if (0..PARTITIONS).all(|p| got.iter().any(|&n| n == last(p))) {
             break;
         }
@@ -153,12 +195,12 @@ fn run_one(seed: u64) -> Result<(), String> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    job.take_savepoint_with(&["--stop"]);
+    stop_with_savepoint(job)?;
     if !run.wait_for(Duration::from_secs(30)).is_some_and(|s| s.success()) {
         return Err("the job did not stop with its savepoint".into());
     }
 
-    let got = values_of(&job);
+    let got = values_of(job);
     for p in 0..PARTITIONS {
         let mine: Vec<i64> = got.iter().copied().filter(|n| n % PARTITIONS == p).collect();
         let (Some(&first), Some(&max)) = (mine.first(), mine.last()) else { return Err(format!("partition {p}: nothing committed")) };
