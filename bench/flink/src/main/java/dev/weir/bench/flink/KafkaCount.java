@@ -22,7 +22,9 @@ import org.apache.flink.api.common.state.ValueState;
 import org.apache.flink.api.common.state.ValueStateDescriptor;
 import org.apache.flink.configuration.CheckpointingOptions;
 import org.apache.flink.configuration.Configuration;
+import org.apache.flink.configuration.CoreOptions;
 import org.apache.flink.configuration.StateBackendOptions;
+import org.apache.flink.configuration.WebOptions;
 import org.apache.flink.connector.base.DeliveryGuarantee;
 import org.apache.flink.connector.kafka.sink.KafkaRecordSerializationSchema;
 import org.apache.flink.connector.kafka.sink.KafkaSink;
@@ -59,13 +61,17 @@ public class KafkaCount {
         String bootstrap = a.get("bootstrap"), input = a.get("input"), output = a.get("output"), runId = a.get("run-id");
         int parallelism = Integer.parseInt(a.get("parallelism"));
 
-        Path checkpoints = Files.createTempDirectory("weir-flink-checkpoints-");
+        // Everything the MiniCluster writes (checkpoints, spill and upload
+        // directories) goes to one directory per run, removed at the end.
+        Path tmp = Files.createTempDirectory("weir-flink-");
         Configuration conf = new Configuration();
+        conf.set(CoreOptions.TMP_DIRS, tmp.toString());
+        conf.set(WebOptions.TMP_DIR, tmp.toString());
         conf.set(CheckpointingOptions.CHECKPOINTING_INTERVAL, Duration.ofSeconds(1));
         conf.set(CheckpointingOptions.CHECKPOINTING_CONSISTENCY_MODE, CheckpointingMode.EXACTLY_ONCE);
         conf.set(StateBackendOptions.STATE_BACKEND, "hashmap");
         conf.set(CheckpointingOptions.CHECKPOINT_STORAGE, "filesystem");
-        conf.set(CheckpointingOptions.CHECKPOINTS_DIRECTORY, checkpoints.toUri().toString());
+        conf.set(CheckpointingOptions.CHECKPOINTS_DIRECTORY, tmp.resolve("checkpoints").toUri().toString());
         // Already Flink 2's default; named because the last transaction is
         // committed by the checkpoint taken after the bounded source ends.
         conf.set(CheckpointingOptions.ENABLE_CHECKPOINTS_AFTER_TASKS_FINISH, true);
@@ -107,7 +113,7 @@ public class KafkaCount {
         try {
             result = env.execute("weir-bench kafka-count " + runId);
         } finally {
-            deleteTree(checkpoints);
+            deleteTree(tmp);
         }
         long end = System.nanoTime();
         double wall = (System.currentTimeMillis() - ManagementFactory.getRuntimeMXBean().getStartTime()) / 1000.0;
