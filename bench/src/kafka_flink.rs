@@ -338,6 +338,9 @@ fn consumer(bootstrap: &str, topic: &str) -> Result<(BaseConsumer, usize)> {
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "true")
         .set("group.id", "weir-bench")
+        // As weir's source does: librdkafka's 1 s default leaves a fast
+        // reader idle, and the copy row is meant to show the broker's limit.
+        .set("fetch.queue.backoff.ms", "10")
         .create()?;
     let partitions = consumer.fetch_metadata(Some(topic), Duration::from_secs(30))?.topics()[0].partitions().len();
     let mut tpl = TopicPartitionList::new();
