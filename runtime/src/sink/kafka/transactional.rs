@@ -9,9 +9,11 @@
 //! transactions). At the barrier the sink
 //! adds a *progress marker* to the transaction (a message in the progress
 //! topic keyed by the entry's id, `weir:<job>:<run>:<subtask>:<checkpoint>`),
-//! flushes, and writes the interval's records to checkpoint storage as a
-//! log entry, which is the sink's checkpointed state. When the checkpoint
-//! completes the transaction commits, and the log file is deleted.
+//! flushes, and finishes the log entry: the interval's records, written to
+//! checkpoint storage as they came ([`StateFileWriter`]), so that the sink
+//! holds a few upload parts of them in memory, not the interval. The entry
+//! is the sink's checkpointed state. When the checkpoint completes the
+//! transaction commits, and the log file is deleted.
 //!
 //! librdkafka cannot finish another process's transaction, so a restore
 //! settles each entry of the restored checkpoint like this:
@@ -52,11 +54,10 @@ use serde::{Deserialize, Serialize};
 use weir_api::KafkaSinkSpec;
 
 use super::{check_topic, flush, key_index, producer, send_batch};
-use crate::checkpoint::{Location, StateFile};
+use crate::checkpoint::{Location, StateFile, StateFileWriter};
 use crate::error::{Error, Result};
 use crate::kafka::{self, Deliveries, Scope, REQUEST_TIMEOUT};
 use crate::sink::{SinkRestore, SinkState};
-use crate::worker::restore::encode_state;
 
 /// Producers a subtask starts with; more are made only while every one has
 /// a transaction waiting for its checkpoint.
@@ -97,8 +98,10 @@ pub struct Transactional {
     free: Vec<usize>,
     /// The slot whose transaction takes this interval's records.
     current: Option<usize>,
-    /// Records since the last barrier, for the log entry.
-    buffer: Vec<RecordBatch>,
+    /// The log entry of the open transaction, written as records come.
+    entry: Option<StateFileWriter>,
+    /// Transactions begun by this run: names their log entries.
+    intervals: u64,
     /// Prepared transactions: their entry and slot, oldest first.
     pending: Vec<(KafkaLogEntry, usize)>,
 }
@@ -138,7 +141,8 @@ impl Transactional {
             slots: Vec::new(),
             free: Vec::new(),
             current: None,
-            buffer: Vec::new(),
+            entry: None,
+            intervals: 0,
             pending: Vec::new(),
         };
         ensure_progress_topic(spec).await?;
@@ -232,14 +236,30 @@ impl Transactional {
         Ok(s)
     }
 
+    /// The log entry of the open transaction, started with it.
+    async fn entry(&mut self) -> Result<&mut StateFileWriter> {
+        if self.entry.is_none() {
+            self.entry = Some(self.start_entry().await?);
+        }
+        Ok(self.entry.as_mut().expect("started above"))
+    }
+
+    async fn start_entry(&mut self) -> Result<StateFileWriter> {
+        self.intervals += 1;
+        // Named by the run (the log clean-up keeps a running run's files)
+        // and by the transaction, since the checkpoint that will end it is
+        // not known yet.
+        let name = format!("{}-{:03}-t{:012}.arrow", self.run_id, self.subtask, self.intervals);
+        StateFileWriter::start(&self.log, &name, &self.schema).await
+    }
+
     pub async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
         if batch.num_rows() == 0 {
             return Ok(());
         }
         let s = self.transaction().await?;
         send_batch(&self.slots[s].producer, &self.spec.topic, self.key, batch).await?;
-        self.buffer.push(batch.clone());
-        Ok(())
+        self.entry().await?.append(batch).await
     }
 
     /// Marks, flushes and logs the open transaction; it becomes pending on
@@ -249,13 +269,14 @@ impl Transactional {
             let id = format!("weir:{}:{}:{}:{checkpoint_id}", self.job, self.run_id, self.subtask);
             let producer = &self.slots[s].producer;
             let marker_offset = mark(producer, &self.spec.progress_topic, &id, &self.context())?;
-            // The marker is on the broker, its log entry not yet written:
+            // The marker is on the broker, its log entry not yet complete:
             // the restore must abort this transaction, not look for a log.
             crate::fault::crash_point("after-marker", checkpoint_id);
-            let batch = arrow::compute::concat_batches(&self.schema, &self.buffer).map_err(Error::arrow("kafka sink: collecting the log entry"))?;
-            self.buffer.clear();
-            let name = format!("{}-{:03}-{checkpoint_id:012}.arrow", self.run_id, self.subtask);
-            let file = self.log.put_state_file(&name, encode_state(&batch)?).await?;
+            let entry = match self.entry.take() {
+                Some(entry) => entry,
+                None => self.start_entry().await?,
+            };
+            let file = entry.finish().await?;
             let entry = KafkaLogEntry { checkpoint: checkpoint_id, id, transactional_id: self.slots[s].transactional_id.clone(), marker_offset, file };
             self.pending.push((entry, s));
         }
