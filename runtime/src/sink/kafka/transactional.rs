@@ -79,7 +79,19 @@ pub struct KafkaLogEntry {
 
 struct Slot {
     transactional_id: String,
-    producer: ThreadedProducer<Deliveries>,
+    /// Shared with the thread that commits its transaction.
+    producer: std::sync::Arc<ThreadedProducer<Deliveries>>,
+}
+
+/// A transaction of this run waiting for its checkpoint, or committing.
+struct Pending {
+    entry: KafkaLogEntry,
+    slot: usize,
+    /// Its commit, once the checkpoint completed: a thread of its own
+    /// waits for the brokers while the next interval's records go into
+    /// another slot's transaction.
+    /// The task also deletes the log entry once the commit is confirmed.
+    commit: Option<tokio::task::JoinHandle<Result<()>>>,
 }
 
 pub struct Transactional {
@@ -102,8 +114,11 @@ pub struct Transactional {
     entry: Option<StateFileWriter>,
     /// Transactions begun by this run: names their log entries.
     intervals: u64,
-    /// Prepared transactions: their entry and slot, oldest first.
-    pending: Vec<(KafkaLogEntry, usize)>,
+    /// Prepared transactions, oldest first; those committing first of all.
+    /// A committing one stays until its commit is confirmed, so that the
+    /// checkpoints taken meanwhile still name it: a crash before the
+    /// brokers finished it must settle it on restore.
+    pending: Vec<Pending>,
 }
 
 /// The directory, beside the log's, where subtasks record their
@@ -212,7 +227,7 @@ impl Transactional {
         self.ids.put_durable(&ids_record(self.subtask), ids.join("\n").into_bytes()).await?;
         let p = producer(&self.spec, &format!("weir-{}-{}", self.job, self.subtask), Some(&id))?;
         init(&p, &id)?;
-        self.slots.push(Slot { transactional_id: id, producer: p });
+        self.slots.push(Slot { transactional_id: id, producer: std::sync::Arc::new(p) });
         self.free.push(slot);
         Ok(())
     }
@@ -278,28 +293,61 @@ impl Transactional {
             };
             let file = entry.finish().await?;
             let entry = KafkaLogEntry { checkpoint: checkpoint_id, id, transactional_id: self.slots[s].transactional_id.clone(), marker_offset, file };
-            self.pending.push((entry, s));
+            self.pending.push(Pending { entry, slot: s, commit: None });
         }
         Ok(SinkState {
-            kafka: self.pending.iter().map(|(e, _)| e.clone()).collect(),
+            kafka: self.pending.iter().map(|p| p.entry.clone()).collect(),
             transactional_ids: self.slots.iter().map(|s| s.transactional_id.clone()).collect(),
             ..SinkState::default()
         })
     }
 
-    /// Commits the transactions pending on checkpoints up to `checkpoint_id`.
+    /// Commits the transactions pending on checkpoints up to `checkpoint_id`
+    /// and waits until they are committed.
     pub async fn commit(&mut self, checkpoint_id: u64) -> Result<()> {
-        while self.pending.first().is_some_and(|(e, _)| e.checkpoint <= checkpoint_id) {
-            let (entry, s) = self.pending.remove(0);
-            crate::fault::crash_point("before-sink-commit", entry.checkpoint);
-            let producer = &self.slots[s].producer;
-            tokio::task::block_in_place(|| producer.commit_transaction(REQUEST_TIMEOUT))
-                .map_err(|e| commit_error(&self.context(), &entry, e))?;
-            self.free.push(s);
-            self.free.sort_unstable();
-            self.log.delete(&entry.file.name).await?;
+        self.start_commit(checkpoint_id);
+        while self.commits_in_flight() {
+            self.next_committed().await?;
         }
         Ok(())
+    }
+
+    /// Starts committing the transactions pending on checkpoints up to
+    /// `checkpoint_id`, each on a thread of its own, and returns at once:
+    /// [`Transactional::next_committed`] reports them, oldest first.
+    pub fn start_commit(&mut self, checkpoint_id: u64) {
+        let context = self.context();
+        for pending in self.pending.iter_mut().filter(|p| p.entry.checkpoint <= checkpoint_id && p.commit.is_none()) {
+            crate::fault::crash_point("before-sink-commit", pending.entry.checkpoint);
+            let (producer, log, entry, context) = (self.slots[pending.slot].producer.clone(), self.log.clone(), pending.entry.clone(), context.clone());
+            pending.commit = Some(tokio::spawn(async move {
+                tokio::task::spawn_blocking(move || producer.commit_transaction(REQUEST_TIMEOUT))
+                    .await
+                    .map_err(|e| Error::Job(format!("{context}: the commit of checkpoint {} failed: {e}", entry.checkpoint)))?
+                    .map_err(|e| commit_error(&context, &entry, e))?;
+                log.delete(&entry.file.name).await
+            }));
+        }
+    }
+
+    /// Whether a commit started by [`Transactional::start_commit`] is not confirmed yet.
+    pub fn commits_in_flight(&self) -> bool {
+        self.pending.first().is_some_and(|p| p.commit.is_some())
+    }
+
+    /// Waits for the oldest commit in flight (forever when there is none)
+    /// and frees its producer; returns its checkpoint. Cancel-safe: it
+    /// changes nothing until the commit it waits for has ended.
+    pub async fn next_committed(&mut self) -> Result<u64> {
+        let Some(commit) = self.pending.first_mut().and_then(|p| p.commit.as_mut()) else {
+            return std::future::pending().await;
+        };
+        let result = commit.await;
+        let Pending { entry, slot, .. } = self.pending.remove(0);
+        result.map_err(|e| Error::Job(format!("{}: the commit of checkpoint {} failed: {e}", self.context(), entry.checkpoint)))??;
+        self.free.push(slot);
+        self.free.sort_unstable();
+        Ok(entry.checkpoint)
     }
 
     /// The ids of `entries` whose marker, hence whose transaction, committed.
