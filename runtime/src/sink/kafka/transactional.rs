@@ -321,6 +321,7 @@ impl Transactional {
             crate::fault::crash_point("before-sink-commit", pending.entry.checkpoint);
             let (producer, log, entry, context) = (self.slots[pending.slot].producer.clone(), self.log.clone(), pending.entry.clone(), context.clone());
             pending.commit = Some(tokio::spawn(async move {
+                crate::fault::slow_sink_commit(entry.checkpoint).await;
                 tokio::task::spawn_blocking(move || producer.commit_transaction(REQUEST_TIMEOUT))
                     .await
                     .map_err(|e| Error::Job(format!("{context}: the commit of checkpoint {} failed: {e}", entry.checkpoint)))?
