@@ -77,33 +77,6 @@ fn a_crash_between_completion_and_commit_writes_that_checkpoint_again_exactly_on
 }
 
 #[test]
-fn a_crash_while_a_commit_is_in_flight_writes_that_checkpoint_again_from_the_next_ones_state() {
-    // Checkpoint 3's commit waits (a slow broker) while the next interval
-    // goes on in another transaction, and checkpoint 4 completes meanwhile;
-    // then the job crashes. Checkpoint 4's state must still name
-    // checkpoint 3's transaction, which never committed: the restore
-    // writes it again. A sink that forgot it once its commit had started
-    // would lose its records.
-    let job = Job::counting(2, 40_000, 40, 10_000, "200ms").output_to_kafka("exactly-once");
-    let marker = job.path("fault-fired");
-    let out = job
-        .command(&[])
-        .env("WEIR_SLOW_SINK_COMMIT", "3:10s")
-        .env("WEIR_FAULT", "after-complete@4")
-        .env("WEIR_FAULT_ONCE", &marker)
-        .env("RUST_LOG", "info")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert!(marker.exists(), "the fault never fired");
-    assert!(stderr(&out).contains("slow sink commit injected"), "checkpoint 3 was never committed slowly:\n{}", stderr(&out));
-    assert!(stderr(&out).contains("writing again the records of a completed checkpoint"), "no checkpoint was written again:\n{}", stderr(&out));
-    job.assert_exactly_once();
-    assert_sink_log_empty(&job);
-    job.assert_no_open_transaction();
-}
-
-#[test]
 fn a_restore_of_a_worker_hosting_several_sink_subtasks_takes_seconds_not_the_transaction_timeout() {
     // One worker hosts both sink subtasks. The crash leaves both subtasks'
     // transactions of checkpoint 3 open. Subtask 0 settles its entry by
