@@ -13,7 +13,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 pub struct Broker {
     dir: PathBuf,
@@ -69,18 +69,8 @@ impl Broker {
         for seq in 0..events {
             let key = seq % keys.max(1);
             let value = format!(r#"{{"seq":{seq},"key":{key},"value":{seq}}}"#);
-            let mut record = BaseRecord::<(), str>::to(topic).payload(&value).partition((key % partitions as u64) as i32);
-            loop {
-                match producer.send(record) {
-                    Ok(()) => break,
-                    Err((KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), r)) => {
-                        record = r;
-                        producer.poll(Duration::from_millis(50));
-                    }
-                    Err((e, _)) => bail!("producing the input to {topic}: {e}"),
-                }
-            }
-            producer.poll(Duration::ZERO);
+            let record = BaseRecord::<(), str>::to(topic).payload(&value).partition((key % partitions as u64) as i32);
+            send(&producer, record).with_context(|| format!("producing the input to {topic}"))?;
         }
         producer.flush(Duration::from_secs(120)).with_context(|| format!("flushing the input to {topic}"))?;
         Ok(())
@@ -88,33 +78,63 @@ impl Broker {
 
     /// Messages a read_committed consumer reads from `topic`, start to end.
     pub fn count_committed(&self, topic: &str) -> Result<u64> {
-        let consumer: BaseConsumer = self
-            .config()
-            .set("isolation.level", "read_committed")
-            .set("enable.partition.eof", "true")
-            .set("group.id", "weir-bench")
-            .create()?;
-        let partitions = consumer.fetch_metadata(Some(topic), Duration::from_secs(30))?.topics()[0].partitions().len() as i32;
-        let mut tpl = TopicPartitionList::new();
-        for p in 0..partitions {
-            tpl.add_partition_offset(topic, p, Offset::Beginning)?;
-        }
-        consumer.assign(&tpl)?;
-        let (mut ended, mut n) = (std::collections::HashSet::new(), 0u64);
-        let deadline = Instant::now() + Duration::from_secs(300);
-        while ended.len() < partitions as usize {
-            if Instant::now() > deadline {
-                bail!("reading {topic} back did not reach its end");
-            }
-            match consumer.poll(Duration::from_millis(200)) {
-                None => {}
-                Some(Err(KafkaError::PartitionEOF(p))) => {
-                    ended.insert(p);
-                }
-                Some(Err(e)) => bail!("reading {topic} back: {e}"),
-                Some(Ok(_)) => n += 1,
-            }
-        }
+        let mut n = 0u64;
+        read_committed_to_end(&self.bootstrap, topic, |_| {
+            n += 1;
+            Ok(())
+        })?;
         Ok(n)
     }
+}
+
+/// Sends `record`, waiting while the producer's queue is full.
+pub fn send<K: rdkafka::message::ToBytes + ?Sized, P: rdkafka::message::ToBytes + ?Sized>(producer: &BaseProducer, mut record: BaseRecord<'_, K, P>) -> Result<()> {
+    loop {
+        match producer.send(record) {
+            Ok(()) => break,
+            Err((KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), r)) => {
+                record = r;
+                producer.poll(Duration::from_millis(5));
+            }
+            Err((e, _)) => bail!("{e}"),
+        }
+    }
+    producer.poll(Duration::ZERO);
+    Ok(())
+}
+
+/// Reads `topic` read_committed from its start to its end, handing each
+/// message's value to `each`.
+pub fn read_committed_to_end(bootstrap: &str, topic: &str, mut each: impl FnMut(&[u8]) -> Result<()>) -> Result<()> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .set("group.id", "weir-bench")
+        // As weir's source does: librdkafka's 1 s default pause after a
+        // full local queue leaves a fast reader idle.
+        .set("fetch.queue.backoff.ms", "10")
+        .create()?;
+    let partitions = consumer.fetch_metadata(Some(topic), Duration::from_secs(30))?.topics()[0].partitions().len() as i32;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+    }
+    consumer.assign(&tpl)?;
+    let mut ended = std::collections::HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while ended.len() < partitions as usize {
+        if Instant::now() > deadline {
+            bail!("reading {topic} back did not reach its end");
+        }
+        match consumer.poll(Duration::from_millis(200)) {
+            None => {}
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                ended.insert(p);
+            }
+            Some(Err(e)) => bail!("reading {topic} back: {e}"),
+            Some(Ok(m)) => each(m.payload().unwrap_or_default())?,
+        }
+    }
+    Ok(())
 }

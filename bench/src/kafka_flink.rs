@@ -24,10 +24,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use rdkafka::ClientConfig;
 
 pub struct Options {
     events: u64,
@@ -307,7 +305,7 @@ fn tree_rss_kb(root: u32) -> u64 {
 fn check_output(bootstrap: &str, topic: &str, events: u64, keys: u64) -> Result<()> {
     let mut counts: HashMap<i64, Vec<u64>> = HashMap::new();
     let mut total = 0u64;
-    read_to_end(bootstrap, topic, |payload| {
+    super::kafka::read_committed_to_end(bootstrap, topic, |payload| {
         let v: serde_json::Value = serde_json::from_slice(payload).context("an output message is not JSON")?;
         let (key, count) = (v["key"].as_i64(), v["count"].as_u64());
         let (Some(key), Some(count)) = (key, count) else { bail!("an output message lacks key or count: {v}") };
@@ -332,45 +330,6 @@ fn check_output(bootstrap: &str, topic: &str, events: u64, keys: u64) -> Result<
     Ok(())
 }
 
-fn consumer(bootstrap: &str, topic: &str) -> Result<(BaseConsumer, usize)> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "true")
-        .set("group.id", "weir-bench")
-        // As weir's source does: librdkafka's 1 s default leaves a fast
-        // reader idle, and the copy row is meant to show the broker's limit.
-        .set("fetch.queue.backoff.ms", "10")
-        .create()?;
-    let partitions = consumer.fetch_metadata(Some(topic), Duration::from_secs(30))?.topics()[0].partitions().len();
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions as i32 {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
-    }
-    consumer.assign(&tpl)?;
-    Ok((consumer, partitions))
-}
-
-fn read_to_end(bootstrap: &str, topic: &str, mut each: impl FnMut(&[u8]) -> Result<()>) -> Result<()> {
-    let (consumer, partitions) = consumer(bootstrap, topic)?;
-    let mut ended = std::collections::HashSet::new();
-    let deadline = Instant::now() + Duration::from_secs(600);
-    while ended.len() < partitions {
-        if Instant::now() > deadline {
-            bail!("reading {topic} back did not reach its end");
-        }
-        match consumer.poll(Duration::from_millis(200)) {
-            None => {}
-            Some(Err(KafkaError::PartitionEOF(p))) => {
-                ended.insert(p);
-            }
-            Some(Err(e)) => bail!("reading {topic}: {e}"),
-            Some(Ok(m)) => each(m.payload().unwrap_or_default())?,
-        }
-    }
-    Ok(())
-}
-
 /// The broker's limit: one process consumes `input` and produces every
 /// message to `output` unchanged (idempotent producer, acks=all, no
 /// transactions), timed until the last one is acknowledged.
@@ -385,19 +344,8 @@ fn copy_topic(bootstrap: &str, input: &str, output: &str, events: u64) -> Result
         .set("queue.buffering.max.messages", "1000000")
         .create()?;
     let mut copied = 0u64;
-    read_to_end(bootstrap, input, |payload| {
-        let mut record = BaseRecord::<(), [u8]>::to(output).payload(payload);
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), r)) => {
-                    record = r;
-                    producer.poll(Duration::from_millis(5));
-                }
-                Err((e, _)) => bail!("producing to {output}: {e}"),
-            }
-        }
-        producer.poll(Duration::ZERO);
+    super::kafka::read_committed_to_end(bootstrap, input, |payload| {
+        super::kafka::send(&producer, BaseRecord::<(), [u8]>::to(output).payload(payload)).with_context(|| format!("producing to {output}"))?;
         copied += 1;
         Ok(())
     })?;
