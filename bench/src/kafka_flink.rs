@@ -206,48 +206,38 @@ fn weir_pipeline(engine: Engine, bootstrap: &str, input: &str, output: &str, par
 fn run_weir(weir: &Path, engine: Engine, bootstrap: &str, input: &str, output: &str, parallelism: u32) -> Result<Sample> {
     let dir = super::tempfile_dir()?;
     std::fs::write(dir.join("p.yaml"), weir_pipeline(engine, bootstrap, input, output, parallelism))?;
-    let cpu0 = super::children_cpu_seconds();
-    let t0 = Instant::now();
-    let child = Command::new(weir)
-        .current_dir(&dir)
-        .args(["run", "p.yaml", "--state-dir", "state"])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting weir")?;
-    let rss = RssSampler::start(child.id());
-    let out = child.wait_with_output().context("running weir")?;
-    let wall_s = t0.elapsed().as_secs_f64();
-    let peak_rss_mb = rss.stop();
-    let cpu_s = super::children_cpu_seconds() - cpu0;
+    let mut command = Command::new(weir);
+    command.current_dir(&dir).args(["run", "p.yaml", "--state-dir", "state"]).env("RUST_LOG", "warn");
+    let measured = run_measured(command, "weir run");
     let _ = std::fs::remove_dir_all(&dir);
-    if !out.status.success() {
-        bail!("weir run failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(Sample { wall_s, cpu_s, peak_rss_mb })
+    Ok(measured?.1)
 }
 
 fn run_flink(script: &Path, bootstrap: &str, input: &str, output: &str, parallelism: u32, run_no: usize) -> Result<Sample> {
-    let cpu0 = super::children_cpu_seconds();
-    let child = Command::new(script)
-        .args(["--bootstrap", bootstrap, "--input", input, "--output", output, "--parallelism", &parallelism.to_string(), "--run-id", &format!("bench-{}-{run_no}", std::process::id())])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting bench/flink/run")?;
-    let rss = RssSampler::start(child.id());
-    let out = child.wait_with_output().context("running bench/flink/run")?;
-    let peak_rss_mb = rss.stop();
-    let cpu_s = super::children_cpu_seconds() - cpu0;
-    if !out.status.success() {
-        bail!("bench/flink/run failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut command = Command::new(script);
+    command.args(["--bootstrap", bootstrap, "--input", input, "--output", output, "--parallelism", &parallelism.to_string(), "--run-id", &format!("bench-{}-{run_no}", std::process::id())]);
+    let (stdout, sample) = run_measured(command, "bench/flink/run")?;
+    let stdout = String::from_utf8_lossy(&stdout);
     let line = stdout.lines().rev().find(|l| l.trim_start().starts_with('{')).context("bench/flink/run printed no JSON line")?;
     let report: serde_json::Value = serde_json::from_str(line).with_context(|| format!("bench/flink/run printed `{line}`"))?;
+    // Flink's own figure: from job submission, without the JVM's start.
     let wall_s = report["submit_to_end_s"].as_f64().context("the Flink report has no submit_to_end_s")?;
-    Ok(Sample { wall_s, cpu_s, peak_rss_mb })
+    Ok(Sample { wall_s, ..sample })
+}
+
+/// Runs `command` to its end, measuring its wall time, the CPU time and
+/// the peak resident set of its process tree; returns its stdout.
+fn run_measured(mut command: Command, what: &str) -> Result<(Vec<u8>, Sample)> {
+    let cpu0 = super::children_cpu_seconds();
+    let t0 = Instant::now();
+    let child = command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().with_context(|| format!("starting {what}"))?;
+    let rss = RssSampler::start(child.id());
+    let out = child.wait_with_output().with_context(|| format!("running {what}"))?;
+    let sample = Sample { wall_s: t0.elapsed().as_secs_f64(), peak_rss_mb: rss.stop(), cpu_s: super::children_cpu_seconds() - cpu0 };
+    if !out.status.success() {
+        bail!("{what} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok((out.stdout, sample))
 }
 
 /// Samples the summed resident set of a process and its descendants.
