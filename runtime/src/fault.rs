@@ -10,7 +10,7 @@
 //! `after-complete` (the coordinator wrote the metadata and pointer, no sink
 //! has committed), `before-commit` (a sink got the completion, did not rename).
 //! The exactly-once Kafka sink adds `after-marker` (the progress marker is
-//! flushed in the open transaction, the log entry not written) and
+//! flushed in the open transaction, the log entry not complete) and
 //! `before-sink-commit` (the checkpoint completed, its transaction is not
 //! committed). Unaligned checkpoints add `mid-recording` (a subtask has
 //! snapshotted and is draining the records in flight towards it).
@@ -29,6 +29,9 @@
 //! `WEIR_SLOW_SHARED_WRITE=<checkpoint>:<duration>` delays every write of a
 //! shared state file (incremental checkpoints) of that checkpoint: a slow
 //! store under which the checkpoint is abandoned mid-write.
+//! `WEIR_SLOW_SINK_COMMIT=<checkpoint>:<duration>` delays the Kafka sink's
+//! commit of that checkpoint's transaction: later checkpoints complete
+//! while it is in flight.
 //! `WEIR_FAILING_PUT=<text>` makes every write to storage of an object whose
 //! path contains `<text>` fail, as a store that answers 500 or 403 does;
 //! with `WEIR_FAILING_PUT_ONCE=<file>` only the first such write of all the
@@ -95,6 +98,24 @@ pub async fn slow_shared_write(checkpoint_id: u64) {
     if let Some((id, d)) = slow {
         if id == checkpoint_id {
             tracing::warn!(checkpoint_id, delay_ms = d.as_millis() as u64, "slow shared write injected");
+            tokio::time::sleep(d).await;
+        }
+    }
+}
+
+/// Waits before the Kafka sink commits the transaction of `checkpoint_id`,
+/// when `WEIR_SLOW_SINK_COMMIT` names that checkpoint: a commit still in
+/// flight when later checkpoints complete.
+pub async fn slow_sink_commit(checkpoint_id: u64) {
+    static SLOW: OnceLock<Option<(u64, std::time::Duration)>> = OnceLock::new();
+    let slow = *SLOW.get_or_init(|| {
+        let text = std::env::var("WEIR_SLOW_SINK_COMMIT").ok()?;
+        let (id, d) = text.split_once(':')?;
+        Some((id.parse().ok()?, weir_api::pipeline::HumanDuration::parse(d).ok()?.get()))
+    });
+    if let Some((id, d)) = slow {
+        if id == checkpoint_id {
+            tracing::warn!(checkpoint_id, delay_ms = d.as_millis() as u64, "slow sink commit injected");
             tokio::time::sleep(d).await;
         }
     }

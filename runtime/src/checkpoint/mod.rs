@@ -6,9 +6,11 @@ pub mod lineage;
 pub mod metadata;
 pub mod s3;
 pub mod savepoints;
+pub mod state_file_writer;
 pub mod storage;
 
 pub use metadata::{now_unix_ms, CheckpointMetadata, OperatorSubtaskState, SnapshotKind, StateFile, SubtaskAck};
 pub use lineage::RunClaim;
 pub use savepoints::SavepointBook;
+pub use state_file_writer::StateFileWriter;
 pub use storage::{CheckpointStorage, Location};

@@ -334,6 +334,45 @@ impl SinkWriter {
         }
     }
 
+    /// Starts publishing what was pending on checkpoints up to
+    /// `checkpoint_id`, without waiting where the sink need not: the Kafka
+    /// sink's transactions commit on threads of their own while the next
+    /// interval's records go into another transaction. Returns whether some
+    /// of it is still in flight; [`SinkWriter::next_committed`] tells when
+    /// it is done. Other sinks publish before this returns.
+    pub async fn start_commit(&mut self, checkpoint_id: u64) -> Result<bool> {
+        match self {
+            SinkWriter::KafkaExactlyOnce(k) => {
+                k.start_commit(checkpoint_id);
+                Ok(k.commits_in_flight())
+            }
+            other => other.commit(checkpoint_id).await.map(|()| false),
+        }
+    }
+
+    /// Whether a commit [`SinkWriter::start_commit`] started is not done.
+    pub fn commits_in_flight(&self) -> bool {
+        matches!(self, SinkWriter::KafkaExactlyOnce(k) if k.commits_in_flight())
+    }
+
+    /// Waits for the oldest commit in flight to be done (forever when none
+    /// is) and returns its checkpoint. Cancel-safe.
+    pub async fn next_committed(&mut self) -> Result<u64> {
+        match self {
+            SinkWriter::KafkaExactlyOnce(k) => k.next_committed().await,
+            _ => std::future::pending().await,
+        }
+    }
+
+    /// Finishes what [`SinkWriter::next_committed`] left to do outside the
+    /// wait for events: deletes the committed transactions' log entries.
+    pub async fn after_committed(&mut self) -> Result<()> {
+        match self {
+            SinkWriter::KafkaExactlyOnce(k) => k.delete_committed_logs().await,
+            _ => Ok(()),
+        }
+    }
+
     /// Publishes what was pending on checkpoints up to `checkpoint_id`.
     pub async fn commit(&mut self, checkpoint_id: u64) -> Result<()> {
         match self {

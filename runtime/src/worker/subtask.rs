@@ -214,6 +214,8 @@ pub struct Subtask {
 
 enum Event {
     Batch(RecordBatch),
+    /// A sink commit that was in flight is done.
+    SinkCommitted,
     Barrier(Barrier),
     End,
     Notification(Notification),
@@ -254,6 +256,8 @@ impl Subtask {
         // The highest checkpoint this sink has committed: the final
         // checkpoint's completion may reach it before the end of its input.
         let mut committed: Option<u64> = None;
+        // The newest completed checkpoint whose sink commit is in flight.
+        let mut committing: Option<u64> = None;
         // At-most-once sinks publish on their own: flushes are numbered
         // here, never by the coordinator.
         let mut flushes = 0u64;
@@ -323,6 +327,7 @@ impl Subtask {
                         inc.on_notification(&n);
                     }
                     if let Notification::Complete(id) = n {
+                        let mut in_flight = false;
                         // At-most-once sinks published at the barrier already.
                         if self.at_most_once.is_none() {
                             crate::fault::crash_point("before-commit", id);
@@ -330,18 +335,27 @@ impl Subtask {
                                 late.sink.commit(id).await?;
                             }
                             if let Output::Sink { sink, .. } = &mut self.output {
-                                sink.commit(id).await?;
+                                in_flight = sink.start_commit(id).await?;
                             }
                         }
-                        committed = committed.max(Some(id));
-                        if self.commits() {
-                            self.committed.send_if_modified(|c| {
-                                let newer = id > *c;
-                                *c = (*c).max(id);
-                                newer
-                            });
+                        // A commit still in flight is reported once done
+                        // (Event::SinkCommitted): only then is the output
+                        // published, and may a stop or the end be reported.
+                        if in_flight {
+                            committing = Some(id);
+                        } else if self.on_committed(id, &mut committed, input_ended, final_barrier) {
+                            return Ok(());
                         }
-                        if input_ended && final_barrier.is_some_and(|f| f <= id) {
+                    }
+                }
+                Event::SinkCommitted => {
+                    if let Output::Sink { sink, .. } = &mut self.output {
+                        sink.after_committed().await?;
+                    }
+                    let still = matches!(&self.output, Output::Sink { sink, .. } if sink.commits_in_flight());
+                    if let (false, Some(id)) = (still, committing) {
+                        committing = None;
+                        if self.on_committed(id, &mut committed, input_ended, final_barrier) {
                             return Ok(());
                         }
                     }
@@ -353,10 +367,31 @@ impl Subtask {
         }
     }
 
+    /// Everything up to checkpoint `id` is published: records it, and for
+    /// the worker (a stopping savepoint is reported once every subtask
+    /// has committed it). Whether the subtask is done.
+    fn on_committed(&mut self, id: u64, committed: &mut Option<u64>, input_ended: bool, final_barrier: Option<u64>) -> bool {
+        *committed = (*committed).max(Some(id));
+        if self.commits() {
+            self.committed.send_if_modified(|c| {
+                let newer = id > *c;
+                *c = (*c).max(id);
+                newer
+            });
+        }
+        input_ended && final_barrier.is_some_and(|f| f <= id)
+    }
+
     async fn next_event(&mut self, source_done: &mut bool, paused: bool, input_ended: bool, flush_at: Option<tokio::time::Instant>) -> Result<Event> {
-        let notifications = match &mut self.output {
-            Output::Sink { notifications, .. } => Some(notifications),
-            _ => self.notifications.as_mut(),
+        let (notifications, sink) = match &mut self.output {
+            Output::Sink { notifications, sink } => (Some(notifications), Some(sink)),
+            _ => (self.notifications.as_mut(), None),
+        };
+        let sink_committed = async {
+            match sink {
+                Some(sink) if sink.commits_in_flight() => sink.next_committed().await.map(|_| Event::SinkCommitted),
+                _ => std::future::pending().await,
+            }
         };
         let input = &mut self.input;
         let counters = &self.counters;
@@ -431,6 +466,7 @@ impl Subtask {
                     Err(broadcast::error::RecvError::Lagged(_)) => Ok(Event::Notification(Notification::Abort(0))),
                     Err(broadcast::error::RecvError::Closed) => Err(Error::Job("the coordinator went away".into())),
                 },
+                c = sink_committed => c,
                 ev = input_next => ev,
             },
         }

@@ -77,6 +77,62 @@ fn a_crash_between_completion_and_commit_writes_that_checkpoint_again_exactly_on
 }
 
 #[test]
+fn a_crash_while_a_commit_is_in_flight_writes_that_checkpoint_again_from_the_next_ones_state() {
+    // Checkpoint 3's commit waits (a slow broker) while the next interval
+    // goes on in another transaction, and checkpoint 4 completes meanwhile;
+    // then the job crashes. Checkpoint 4's state must still name
+    // checkpoint 3's transaction, which never committed: the restore
+    // writes it again. A sink that forgot it once its commit had started
+    // would lose its records.
+    let job = Job::counting(2, 40_000, 40, 10_000, "200ms").output_to_kafka("exactly-once");
+    let marker = job.path("fault-fired");
+    let out = job
+        .command(&[])
+        .env("WEIR_SLOW_SINK_COMMIT", "3:10s")
+        .env("WEIR_FAULT", "after-complete@4")
+        .env("WEIR_FAULT_ONCE", &marker)
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(marker.exists(), "the fault never fired");
+    assert!(stderr(&out).contains("slow sink commit injected"), "checkpoint 3 was never committed slowly:\n{}", stderr(&out));
+    assert!(stderr(&out).contains("writing again the records of a completed checkpoint"), "no checkpoint was written again:\n{}", stderr(&out));
+    job.assert_exactly_once();
+    assert_sink_log_empty(&job);
+    job.assert_no_open_transaction();
+}
+
+#[test]
+fn a_stop_savepoint_taken_while_a_commit_is_in_flight_carries_its_log_entry_and_resumes_exactly_once() {
+    // Checkpoint 3's commit waits (a slow broker) while later checkpoints
+    // complete; the stop savepoint comes meanwhile. Its state names the
+    // committing transaction too, so it must carry that transaction's log
+    // entry: the file may be deleted only once no snapshot can name it.
+    // The stop is reported only after every commit is done.
+    let mut job = Job::counting(2, 120_000, 20, 15_000, "200ms").output_to_kafka("exactly-once");
+    job.env.push(("WEIR_SLOW_SINK_COMMIT".into(), "3:4s".into()));
+    let child = job.spawn(&[]);
+    let start = std::time::Instant::now();
+    let checkpoint_id = |location: &str| location.rsplit("chk-").next().and_then(|id| id.trim_end_matches('/').parse::<u64>().ok());
+    while job.latest().as_deref().and_then(checkpoint_id).is_none_or(|id| id < 5) {
+        assert!(start.elapsed() < Duration::from_secs(30), "checkpoint 5 never completed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(start.elapsed() < Duration::from_secs(4), "checkpoint 3's commit was no longer in flight: the test proves nothing");
+    let sp = job.take_savepoint_with(&["--stop"]);
+    let out = wait_with_timeout(child, Duration::from_secs(30));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let carried: Vec<_> = std::fs::read_dir(std::path::Path::new(&sp).join("wal")).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(carried.len() > 2, "the savepoint carries only {carried:?}, not the entries of the transactions still committing");
+    job.assert_no_open_transaction();
+    // Whatever the job's own log still holds, the savepoint needs none of it.
+    let _ = std::fs::remove_dir_all(job.path("state/eo-test/wal"));
+    resume_exactly_once(&job, &sp);
+    assert_sink_log_empty(&job);
+}
+
+#[test]
 fn a_restore_of_a_worker_hosting_several_sink_subtasks_takes_seconds_not_the_transaction_timeout() {
     // One worker hosts both sink subtasks. The crash leaves both subtasks'
     // transactions of checkpoint 3 open. Subtask 0 settles its entry by

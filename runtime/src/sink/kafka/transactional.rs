@@ -9,9 +9,11 @@
 //! transactions). At the barrier the sink
 //! adds a *progress marker* to the transaction (a message in the progress
 //! topic keyed by the entry's id, `weir:<job>:<run>:<subtask>:<checkpoint>`),
-//! flushes, and writes the interval's records to checkpoint storage as a
-//! log entry, which is the sink's checkpointed state. When the checkpoint
-//! completes the transaction commits, and the log file is deleted.
+//! flushes, and finishes the log entry: the interval's records, written to
+//! checkpoint storage as they came ([`StateFileWriter`]), so that the sink
+//! holds a few upload parts of them in memory, not the interval. The entry
+//! is the sink's checkpointed state. When the checkpoint completes the
+//! transaction commits, and the log file is deleted.
 //!
 //! librdkafka cannot finish another process's transaction, so a restore
 //! settles each entry of the restored checkpoint like this:
@@ -52,11 +54,10 @@ use serde::{Deserialize, Serialize};
 use weir_api::KafkaSinkSpec;
 
 use super::{check_topic, flush, key_index, producer, send_batch};
-use crate::checkpoint::{Location, StateFile};
+use crate::checkpoint::{Location, StateFile, StateFileWriter};
 use crate::error::{Error, Result};
 use crate::kafka::{self, Deliveries, Scope, REQUEST_TIMEOUT};
 use crate::sink::{SinkRestore, SinkState};
-use crate::worker::restore::encode_state;
 
 /// Producers a subtask starts with; more are made only while every one has
 /// a transaction waiting for its checkpoint.
@@ -78,7 +79,18 @@ pub struct KafkaLogEntry {
 
 struct Slot {
     transactional_id: String,
-    producer: ThreadedProducer<Deliveries>,
+    /// Shared with the thread that commits its transaction.
+    producer: std::sync::Arc<ThreadedProducer<Deliveries>>,
+}
+
+/// A transaction of this run waiting for its checkpoint, or committing.
+struct Pending {
+    entry: KafkaLogEntry,
+    slot: usize,
+    /// Its commit, once the checkpoint completed: a thread of its own
+    /// waits for the brokers while the next interval's records go into
+    /// another slot's transaction.
+    commit: Option<tokio::task::JoinHandle<Result<()>>>,
 }
 
 pub struct Transactional {
@@ -97,10 +109,20 @@ pub struct Transactional {
     free: Vec<usize>,
     /// The slot whose transaction takes this interval's records.
     current: Option<usize>,
-    /// Records since the last barrier, for the log entry.
-    buffer: Vec<RecordBatch>,
-    /// Prepared transactions: their entry and slot, oldest first.
-    pending: Vec<(KafkaLogEntry, usize)>,
+    /// The log entry of the open transaction, written as records come.
+    entry: Option<StateFileWriter>,
+    /// Transactions begun by this run: names their log entries.
+    intervals: u64,
+    /// Prepared transactions, oldest first; those committing first of all.
+    /// A committing one stays until its commit is confirmed, so that the
+    /// checkpoints taken meanwhile still name it: a crash before the
+    /// brokers finished it must settle it on restore.
+    pending: Vec<Pending>,
+    /// Log entries of transactions committed and no longer pending, to be
+    /// deleted ([`Transactional::delete_committed_logs`]). Deleting one
+    /// while a checkpoint could still name it would make that checkpoint
+    /// (a savepoint copies the files it names) refer to a missing file.
+    committed_logs: Vec<String>,
 }
 
 /// The directory, beside the log's, where subtasks record their
@@ -138,8 +160,10 @@ impl Transactional {
             slots: Vec::new(),
             free: Vec::new(),
             current: None,
-            buffer: Vec::new(),
+            entry: None,
+            intervals: 0,
             pending: Vec::new(),
+            committed_logs: Vec::new(),
         };
         ensure_progress_topic(spec).await?;
         let earlier = EarlierRuns::find(spec, job, subtask, restore.parallelism, &restore.mine, &sink.ids).await?;
@@ -208,7 +232,7 @@ impl Transactional {
         self.ids.put_durable(&ids_record(self.subtask), ids.join("\n").into_bytes()).await?;
         let p = producer(&self.spec, &format!("weir-{}-{}", self.job, self.subtask), Some(&id))?;
         init(&p, &id)?;
-        self.slots.push(Slot { transactional_id: id, producer: p });
+        self.slots.push(Slot { transactional_id: id, producer: std::sync::Arc::new(p) });
         self.free.push(slot);
         Ok(())
     }
@@ -232,14 +256,30 @@ impl Transactional {
         Ok(s)
     }
 
+    /// The log entry of the open transaction, started with it.
+    async fn entry(&mut self) -> Result<&mut StateFileWriter> {
+        if self.entry.is_none() {
+            self.entry = Some(self.start_entry().await?);
+        }
+        Ok(self.entry.as_mut().expect("started above"))
+    }
+
+    async fn start_entry(&mut self) -> Result<StateFileWriter> {
+        self.intervals += 1;
+        // Named by the run (the log clean-up keeps a running run's files)
+        // and by the transaction, since the checkpoint that will end it is
+        // not known yet.
+        let name = format!("{}-{:03}-t{:012}.arrow", self.run_id, self.subtask, self.intervals);
+        StateFileWriter::start(&self.log, &name, &self.schema).await
+    }
+
     pub async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
         if batch.num_rows() == 0 {
             return Ok(());
         }
         let s = self.transaction().await?;
         send_batch(&self.slots[s].producer, &self.spec.topic, self.key, batch).await?;
-        self.buffer.push(batch.clone());
-        Ok(())
+        self.entry().await?.append(batch).await
     }
 
     /// Marks, flushes and logs the open transaction; it becomes pending on
@@ -249,34 +289,84 @@ impl Transactional {
             let id = format!("weir:{}:{}:{}:{checkpoint_id}", self.job, self.run_id, self.subtask);
             let producer = &self.slots[s].producer;
             let marker_offset = mark(producer, &self.spec.progress_topic, &id, &self.context())?;
-            // The marker is on the broker, its log entry not yet written:
+            // The marker is on the broker, its log entry not yet complete:
             // the restore must abort this transaction, not look for a log.
             crate::fault::crash_point("after-marker", checkpoint_id);
-            let batch = arrow::compute::concat_batches(&self.schema, &self.buffer).map_err(Error::arrow("kafka sink: collecting the log entry"))?;
-            self.buffer.clear();
-            let name = format!("{}-{:03}-{checkpoint_id:012}.arrow", self.run_id, self.subtask);
-            let file = self.log.put_state_file(&name, encode_state(&batch)?).await?;
+            let entry = match self.entry.take() {
+                Some(entry) => entry,
+                None => self.start_entry().await?,
+            };
+            let file = entry.finish().await?;
             let entry = KafkaLogEntry { checkpoint: checkpoint_id, id, transactional_id: self.slots[s].transactional_id.clone(), marker_offset, file };
-            self.pending.push((entry, s));
+            self.pending.push(Pending { entry, slot: s, commit: None });
         }
         Ok(SinkState {
-            kafka: self.pending.iter().map(|(e, _)| e.clone()).collect(),
+            kafka: self.pending.iter().map(|p| p.entry.clone()).collect(),
             transactional_ids: self.slots.iter().map(|s| s.transactional_id.clone()).collect(),
             ..SinkState::default()
         })
     }
 
-    /// Commits the transactions pending on checkpoints up to `checkpoint_id`.
+    /// Commits the transactions pending on checkpoints up to `checkpoint_id`
+    /// and waits until they are committed.
     pub async fn commit(&mut self, checkpoint_id: u64) -> Result<()> {
-        while self.pending.first().is_some_and(|(e, _)| e.checkpoint <= checkpoint_id) {
-            let (entry, s) = self.pending.remove(0);
-            crate::fault::crash_point("before-sink-commit", entry.checkpoint);
-            let producer = &self.slots[s].producer;
-            tokio::task::block_in_place(|| producer.commit_transaction(REQUEST_TIMEOUT))
-                .map_err(|e| commit_error(&self.context(), &entry, e))?;
-            self.free.push(s);
-            self.free.sort_unstable();
-            self.log.delete(&entry.file.name).await?;
+        self.start_commit(checkpoint_id);
+        while self.commits_in_flight() {
+            self.next_committed().await?;
+        }
+        self.delete_committed_logs().await
+    }
+
+    /// Starts committing the transactions pending on checkpoints up to
+    /// `checkpoint_id`, each on a thread of its own, and returns at once:
+    /// [`Transactional::next_committed`] reports them, oldest first.
+    pub fn start_commit(&mut self, checkpoint_id: u64) {
+        let context = self.context();
+        for pending in self.pending.iter_mut().filter(|p| p.entry.checkpoint <= checkpoint_id && p.commit.is_none()) {
+            crate::fault::crash_point("before-sink-commit", pending.entry.checkpoint);
+            let (producer, entry, context) = (self.slots[pending.slot].producer.clone(), pending.entry.clone(), context.clone());
+            // The task only commits: the log entry is deleted once the
+            // subtask has taken the transaction out of `pending`
+            // (next_committed), never while a snapshot may still name it.
+            pending.commit = Some(tokio::spawn(async move {
+                crate::fault::slow_sink_commit(entry.checkpoint).await;
+                tokio::task::spawn_blocking(move || producer.commit_transaction(REQUEST_TIMEOUT))
+                    .await
+                    .map_err(|e| Error::Job(format!("{context}: the commit of checkpoint {} failed: {e}", entry.checkpoint)))?
+                    .map_err(|e| commit_error(&context, &entry, e))
+            }));
+        }
+    }
+
+    /// Whether a commit started by [`Transactional::start_commit`] is not confirmed yet.
+    pub fn commits_in_flight(&self) -> bool {
+        self.pending.first().is_some_and(|p| p.commit.is_some())
+    }
+
+    /// Waits for the oldest commit in flight (forever when there is none)
+    /// and frees its producer; returns its checkpoint. Its log entry is
+    /// left for [`Transactional::delete_committed_logs`], since this is
+    /// awaited among other events and must be cancel-safe: it changes
+    /// nothing until the commit it waits for has ended, and then nothing
+    /// that awaits.
+    pub async fn next_committed(&mut self) -> Result<u64> {
+        let Some(commit) = self.pending.first_mut().and_then(|p| p.commit.as_mut()) else {
+            return std::future::pending().await;
+        };
+        let result = commit.await;
+        let Pending { entry, slot, .. } = self.pending.remove(0);
+        result.map_err(|e| Error::Job(format!("{}: the commit of checkpoint {} failed: {e}", self.context(), entry.checkpoint)))??;
+        self.free.push(slot);
+        self.free.sort_unstable();
+        self.committed_logs.push(entry.file.name);
+        Ok(entry.checkpoint)
+    }
+
+    /// Deletes the log entries of the transactions `next_committed` reported.
+    pub async fn delete_committed_logs(&mut self) -> Result<()> {
+        while let Some(name) = self.committed_logs.last() {
+            self.log.delete(name).await?;
+            self.committed_logs.pop();
         }
         Ok(())
     }
