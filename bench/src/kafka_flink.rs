@@ -13,8 +13,12 @@
 //! read_committed and checked against the input: every key's counts are
 //! exactly 1..n and there are as many records as events.
 //!
+//! With `--intervals 1s,30s` weir's exactly-once job also runs with longer
+//! checkpoint intervals: its sink writes an interval's records to its log
+//! as they come, so its peak RSS should not grow with the interval.
+//!
 //! Usage: weir-bench kafka-flink [--events N] [--keys K] [--rounds R]
-//! [--parallelism 1,2] [--no-flink] [--weir PATH]
+//! [--parallelism 1,2] [--intervals 1s,30s] [--no-flink] [--weir PATH]
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -33,12 +37,15 @@ pub struct Options {
     rounds: usize,
     parallelism: Vec<u32>,
     partitions: i32,
+    /// Checkpoint intervals of weir's exactly-once job; the first is every
+    /// other engine's.
+    intervals: Vec<String>,
     flink: bool,
     weir: Option<String>,
 }
 
 pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Options>> {
-    let mut o = Options { events: 2_000_000, keys: 1000, rounds: 2, parallelism: vec![1, 2], partitions: 2, flink: true, weir: None };
+    let mut o = Options { events: 2_000_000, keys: 1000, rounds: 2, parallelism: vec![1, 2], partitions: 2, intervals: vec!["1s".into()], flink: true, weir: None };
     while let Some(a) = args.next() {
         let mut value = |name: &str| args.next().with_context(|| format!("{name} needs a value"));
         match a.as_str() {
@@ -52,17 +59,30 @@ pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Options>> 
                     .map(|p| p.trim().parse::<u32>().with_context(|| format!("--parallelism: `{p}` is not a number (expected a list such as 1,2)")))
                     .collect::<Result<_>>()?
             }
+            "--intervals" => {
+                o.intervals = value("--intervals")?.split(',').map(|i| i.trim().to_string()).collect();
+                for i in &o.intervals {
+                    // weir's own parser judges it in full when the job starts.
+                    let number = i.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+                    if number.is_empty() || number.len() == i.len() || number.parse::<f64>().is_err() {
+                        bail!("--intervals: `{i}` is not a duration such as 500ms, 1s or 30s");
+                    }
+                }
+            }
             "--no-flink" => o.flink = false,
             "--weir" => o.weir = Some(value("--weir")?),
             "-h" | "--help" => {
                 println!(
                     "weir-bench kafka-flink: Kafka → key_by → running count → exactly-once Kafka, weir beside Apache Flink (bench/flink) on one local broker\n\n\
-                     Options:\n  --events N         messages in the input topic (default 2000000)\n  --keys K           distinct keys (default 1000)\n  --rounds R         rounds; engines alternate within each (default 2); means are reported\n  --parallelism L    parallelisms to run, comma-separated (default 1,2)\n  --partitions P     partitions of the input and output topics (default 2)\n  --no-flink         weir and the broker's limit only\n  --weir PATH        the weir binary (default: $CARGO_TARGET_DIR/release/weir)"
+                     Options:\n  --events N         messages in the input topic (default 2000000)\n  --keys K           distinct keys (default 1000)\n  --rounds R         rounds; engines alternate within each (default 2); means are reported\n  --parallelism L    parallelisms to run, comma-separated (default 1,2)\n  --partitions P     partitions of the input and output topics (default 2)\n  --intervals L      checkpoint intervals of weir exactly-once, comma-separated (default 1s);\n                     the first is also Flink's and weir at-least-once's (Flink's is 1s)\n  --no-flink         weir and the broker's limit only\n  --weir PATH        the weir binary (default: $CARGO_TARGET_DIR/release/weir)"
                 );
                 return Ok(None);
             }
             other => bail!("unknown argument {other}; see weir-bench kafka-flink --help"),
         }
+    }
+    if o.intervals.first().is_none_or(|i| i != "1s") && o.flink {
+        bail!("--intervals: the first interval must be 1s, Flink's (or pass --no-flink)");
     }
     if o.parallelism.is_empty() || o.parallelism.contains(&0) {
         bail!("--parallelism: expected positive numbers");
@@ -73,19 +93,29 @@ pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Options>> 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 enum Engine {
     Flink,
-    WeirExactlyOnce,
+    /// With the checkpoint interval of this index in `--intervals`.
+    WeirExactlyOnce(usize),
     WeirAtLeastOnce,
     /// A plain consumer and producer: what the broker allows.
     Broker,
 }
 
 impl Engine {
-    fn name(self) -> &'static str {
+    fn name(self, o: &Options) -> String {
         match self {
-            Engine::Flink => "flink exactly-once",
-            Engine::WeirExactlyOnce => "weir exactly-once",
-            Engine::WeirAtLeastOnce => "weir at-least-once",
-            Engine::Broker => "plain consumer → producer",
+            Engine::Flink => "flink exactly-once".into(),
+            Engine::WeirExactlyOnce(0) if o.intervals.len() == 1 => "weir exactly-once".into(),
+            Engine::WeirExactlyOnce(i) => format!("weir exactly-once, checkpoints every {}", o.intervals[i]),
+            Engine::WeirAtLeastOnce => "weir at-least-once".into(),
+            Engine::Broker => "plain consumer → producer".into(),
+        }
+    }
+
+    /// The engine's checkpoint interval.
+    fn interval(self, o: &Options) -> &str {
+        match self {
+            Engine::WeirExactlyOnce(i) => &o.intervals[i],
+            _ => &o.intervals[0],
         }
     }
 }
@@ -113,7 +143,8 @@ pub fn run(o: &Options) -> Result<()> {
     eprintln!("filling {input} with {} events over {} keys ...", o.events, o.keys);
     broker.produce_events(input, o.events, o.keys, o.partitions)?;
 
-    let mut engines = vec![Engine::WeirExactlyOnce, Engine::WeirAtLeastOnce];
+    let mut engines = vec![Engine::WeirExactlyOnce(0), Engine::WeirAtLeastOnce];
+    engines.extend((1..o.intervals.len()).map(Engine::WeirExactlyOnce));
     if o.flink {
         engines.insert(0, Engine::Flink);
     }
@@ -128,12 +159,12 @@ pub fn run(o: &Options) -> Result<()> {
                 run_no += 1;
                 let output = format!("bench-out-{run_no}");
                 broker.create_topic(&output, o.partitions)?;
-                eprintln!("round {}/{}: parallelism {p}, {} ...", round + 1, o.rounds, engine.name());
+                eprintln!("round {}/{}: parallelism {p}, {} ...", round + 1, o.rounds, engine.name(o));
                 let sample = match engine {
                     Engine::Flink => run_flink(&flink, &broker.bootstrap, input, &output, p, run_no)?,
-                    _ => run_weir(&weir, engine, &broker.bootstrap, input, &output, p)?,
+                    _ => run_weir(&weir, engine, engine.interval(o), &broker.bootstrap, input, &output, p)?,
                 };
-                check_output(&broker.bootstrap, &output, o.events, o.keys).with_context(|| format!("{} at parallelism {p}", engine.name()))?;
+                check_output(&broker.bootstrap, &output, o.events, o.keys).with_context(|| format!("{} at parallelism {p}", engine.name(o)))?;
                 eprintln!("  {:.0} records/s, {:.1} CPU-s, peak RSS {:.0} MB", o.events as f64 / sample.wall_s, sample.cpu_s, sample.peak_rss_mb);
                 samples.entry((p, engine)).or_default().push(sample);
             }
@@ -141,7 +172,7 @@ pub fn run(o: &Options) -> Result<()> {
         let output = format!("bench-out-{}", run_no + 1);
         run_no += 1;
         broker.create_topic(&output, o.partitions)?;
-        eprintln!("round {}/{}: {} ...", round + 1, o.rounds, Engine::Broker.name());
+        eprintln!("round {}/{}: {} ...", round + 1, o.rounds, Engine::Broker.name(o));
         samples.entry((0, Engine::Broker)).or_default().push(copy_topic(&broker.bootstrap, input, &output, o.events)?);
     }
     print_table(o, &samples);
@@ -165,7 +196,7 @@ fn print_table(o: &Options, samples: &HashMap<(u32, Engine), Vec<Sample>>) {
         Some((rate, per_cpu, rss))
     };
     println!(
-        "events: {}, keys: {}, input and output topics of {} partitions, checkpoints every 1s, rounds: {} (means; peak RSS the largest), cores: {}",
+        "events: {}, keys: {}, input and output topics of {} partitions, checkpoints every 1s unless said, rounds: {} (means; peak RSS the largest), cores: {}",
         o.events,
         o.keys,
         o.partitions,
@@ -176,7 +207,8 @@ fn print_table(o: &Options, samples: &HashMap<(u32, Engine), Vec<Sample>>) {
     println!("|---|---|---|---|---|---|---|---|---|");
     for &p in &o.parallelism {
         let flink = stat((p, Engine::Flink));
-        for engine in [Engine::Flink, Engine::WeirExactlyOnce, Engine::WeirAtLeastOnce] {
+        let weir_rows = [Engine::Flink, Engine::WeirExactlyOnce(0), Engine::WeirAtLeastOnce].into_iter().chain((1..o.intervals.len()).map(Engine::WeirExactlyOnce));
+        for engine in weir_rows {
             let Some((rate, per_cpu, rss)) = stat((p, engine)) else { continue };
             let cpu = mean(&samples[&(p, engine)].iter().map(|s| s.cpu_s).collect::<Vec<_>>());
             let vs = |x: f64, f: f64| if engine == Engine::Flink { "-".to_string() } else { format!("{:.2}×", x / f) };
@@ -184,28 +216,28 @@ fn print_table(o: &Options, samples: &HashMap<(u32, Engine), Vec<Sample>>) {
                 Some((fr, fc, frss)) => (vs(rate, fr), vs(per_cpu, fc), vs(rss, frss)),
                 None => ("-".into(), "-".into(), "-".into()),
             };
-            println!("| {p} | {} | {rate:.0} | {cpu:.1} | {per_cpu:.0} | {rss:.0} | {w} | {c} | {r} |", engine.name());
+            println!("| {p} | {} | {rate:.0} | {cpu:.1} | {per_cpu:.0} | {rss:.0} | {w} | {c} | {r} |", engine.name(o));
         }
     }
     if let Some((rate, per_cpu, rss)) = stat((0, Engine::Broker)) {
         let cpu = mean(&samples[&(0, Engine::Broker)].iter().map(|s| s.cpu_s).collect::<Vec<_>>());
-        println!("| - | {} | {rate:.0} | {cpu:.1} | {per_cpu:.0} | {rss:.0} | | | |", Engine::Broker.name());
+        println!("| - | {} | {rate:.0} | {cpu:.1} | {per_cpu:.0} | {rss:.0} | | | |", Engine::Broker.name(o));
     }
 }
 
-fn weir_pipeline(engine: Engine, bootstrap: &str, input: &str, output: &str, parallelism: u32) -> String {
+fn weir_pipeline(engine: Engine, interval: &str, bootstrap: &str, input: &str, output: &str, parallelism: u32) -> String {
     let guarantee = match engine {
         Engine::WeirAtLeastOnce => "\n    guarantee: at-least-once".to_string(),
         _ => format!("\n    progress_topic: {output}-progress"),
     };
     format!(
-        "name: kafka-bench\nparallelism: {parallelism}\ncheckpoint:\n  interval: 1s\nsource:\n  kafka:\n    bootstrap_servers: {bootstrap}\n    topic: {input}\n    schema: {{seq: int64, key: int64, value: int64}}\n    stop: end\nsteps:\n  - key_by: key\n  - running_count: count\nsink:\n  kafka:\n    bootstrap_servers: {bootstrap}\n    topic: {output}\n    key: key{guarantee}\n"
+        "name: kafka-bench\nparallelism: {parallelism}\ncheckpoint:\n  interval: {interval}\nsource:\n  kafka:\n    bootstrap_servers: {bootstrap}\n    topic: {input}\n    schema: {{seq: int64, key: int64, value: int64}}\n    stop: end\nsteps:\n  - key_by: key\n  - running_count: count\nsink:\n  kafka:\n    bootstrap_servers: {bootstrap}\n    topic: {output}\n    key: key{guarantee}\n"
     )
 }
 
-fn run_weir(weir: &Path, engine: Engine, bootstrap: &str, input: &str, output: &str, parallelism: u32) -> Result<Sample> {
+fn run_weir(weir: &Path, engine: Engine, interval: &str, bootstrap: &str, input: &str, output: &str, parallelism: u32) -> Result<Sample> {
     let dir = super::tempfile_dir()?;
-    std::fs::write(dir.join("p.yaml"), weir_pipeline(engine, bootstrap, input, output, parallelism))?;
+    std::fs::write(dir.join("p.yaml"), weir_pipeline(engine, interval, bootstrap, input, output, parallelism))?;
     let mut command = Command::new(weir);
     command.current_dir(&dir).args(["run", "p.yaml", "--state-dir", "state"]).env("RUST_LOG", "warn");
     let measured = run_measured(command, "weir run");
