@@ -47,6 +47,29 @@ pub async fn reconcile(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Action>
     result
 }
 
+/// The JSON patch that adds the operator's finalizer to `job`: a merge
+/// patch would replace the whole list, dropping other controllers'
+/// finalizers. The `test` makes the patch fail (and the reconcile retry)
+/// if the list changed since it was read, since the API server does not
+/// remove duplicates; a job without the list is tested by its version,
+/// as a missing member cannot be tested.
+fn adding_the_finalizer(job: &StreamJob) -> serde_json::Result<json_patch::Patch> {
+    let existing = job.finalizers();
+    let ops = if existing.is_empty() {
+        let mut ops = vec![serde_json::json!({"op": "add", "path": "/metadata/finalizers", "value": [names::FINALIZER]})];
+        if let Some(version) = &job.metadata.resource_version {
+            ops.insert(0, serde_json::json!({"op": "test", "path": "/metadata/resourceVersion", "value": version}));
+        }
+        serde_json::Value::Array(ops)
+    } else {
+        serde_json::json!([
+            {"op": "test", "path": "/metadata/finalizers", "value": existing},
+            {"op": "add", "path": "/metadata/finalizers/-", "value": names::FINALIZER},
+        ])
+    };
+    serde_json::from_value(ops)
+}
+
 async fn reconcile_inner(job: &StreamJob, ctx: &Context) -> Result<Action> {
     let ns = job.namespace().ok_or(Error::NoNamespace)?;
     let name = job.name_any();
@@ -59,8 +82,8 @@ async fn reconcile_inner(job: &StreamJob, ctx: &Context) -> Result<Action> {
     if !deleting && !has_finalizer {
         // The finalizer first: a job must never have pods the operator could not
         // take a final savepoint of.
-        let patch = serde_json::json!({"metadata": {"finalizers": [names::FINALIZER]}});
-        let patched = jobs.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(Error::kube("adding the finalizer"))?;
+        let patch = adding_the_finalizer(job).map_err(|e| Error::Build { object: name.clone(), message: e.to_string() })?;
+        let patched = jobs.patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch)).await.map_err(Error::kube("adding the finalizer"))?;
         wrote(job, &patched, ctx);
         return Ok(Action::requeue(Duration::ZERO));
     }
@@ -543,6 +566,36 @@ mod tests {
         let (req, send) = handle.next_request().await.expect("a request");
         assert_eq!((req.method().as_str(), req.uri().path()), (method, path));
         send.send_response(Response::builder().status(200).body(Body::from(serde_json::to_vec(body).unwrap())).unwrap());
+    }
+
+    #[test]
+    fn adding_the_finalizer_keeps_other_controllers_finalizers() {
+        let mut read = job("1", false);
+        read.metadata.finalizers = Some(vec!["example.com/backup".into()]);
+        let mut server = serde_json::to_value(&read).unwrap();
+        json_patch::patch(&mut server, &adding_the_finalizer(&read).unwrap()).unwrap();
+        assert_eq!(server["metadata"]["finalizers"], serde_json::json!(["example.com/backup", names::FINALIZER]));
+
+        // Another controller's finalizer added after the read: the patch
+        // fails rather than add a duplicate or drop one.
+        let mut raced = serde_json::to_value(&read).unwrap();
+        raced["metadata"]["finalizers"] = serde_json::json!(["example.com/backup", "example.com/audit"]);
+        assert!(json_patch::patch(&mut raced, &adding_the_finalizer(&read).unwrap()).is_err());
+        assert_eq!(raced["metadata"]["finalizers"], serde_json::json!(["example.com/backup", "example.com/audit"]));
+    }
+
+    #[test]
+    fn adding_the_first_finalizer_makes_the_list_unless_the_job_changed_since_it_was_read() {
+        let read = job("1", false);
+        let mut server = serde_json::to_value(&read).unwrap();
+        json_patch::patch(&mut server, &adding_the_finalizer(&read).unwrap()).unwrap();
+        assert_eq!(server["metadata"]["finalizers"], serde_json::json!([names::FINALIZER]));
+
+        let mut changed = serde_json::to_value(&read).unwrap();
+        changed["metadata"]["resourceVersion"] = serde_json::json!("2");
+        changed["metadata"]["finalizers"] = serde_json::json!(["example.com/backup"]);
+        assert!(json_patch::patch(&mut changed, &adding_the_finalizer(&read).unwrap()).is_err(), "a list made since the read is not replaced");
+        assert_eq!(changed["metadata"]["finalizers"], serde_json::json!(["example.com/backup"]));
     }
 
     #[tokio::test]
