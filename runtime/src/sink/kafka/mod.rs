@@ -110,10 +110,27 @@ fn producer(spec: &KafkaSinkSpec, client_id: &str, transactional_id: Option<&str
 /// Waits until everything sent has reached the brokers, and fails if
 /// anything was dropped.
 fn flush(producer: &ThreadedProducer<Deliveries>, context: &str) -> Result<()> {
-    tokio::task::block_in_place(|| producer.flush(REQUEST_TIMEOUT)).map_err(|e| kafka::error(context, e))?;
+    tokio::task::block_in_place(|| flush_promptly(producer)).map_err(|e| kafka::error(context, e))?;
     match producer.context().take_failure() {
         Some(failure) => Err(Error::Kafka { context: context.into(), message: failure, fatal: false }),
         None => Ok(()),
+    }
+}
+
+/// `producer.flush`, without its wait of up to 100 ms after the last
+/// delivery: rdkafka's flush polls the producer's event queue in 100 ms
+/// waits, and the ThreadedProducer's own thread, polling the same queue,
+/// takes the delivery reports it waits for. A barrier flushes, so that
+/// wait stalled every checkpoint of a sink subtask by 100 ms. Here the
+/// producer's thread alone serves the reports, and this only checks, every
+/// millisecond, whether librdkafka still holds messages.
+fn flush_promptly(producer: &ThreadedProducer<Deliveries>) -> std::result::Result<(), KafkaError> {
+    let deadline = std::time::Instant::now() + REQUEST_TIMEOUT;
+    loop {
+        match producer.flush(Duration::ZERO) {
+            Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut)) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
+            other => return other,
+        }
     }
 }
 

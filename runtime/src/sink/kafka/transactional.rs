@@ -165,19 +165,17 @@ impl Transactional {
             pending: Vec::new(),
             committed_logs: Vec::new(),
         };
-        ensure_progress_topic(spec).await?;
         let earlier = EarlierRuns::find(spec, job, subtask, restore.parallelism, &restore.mine, &sink.ids).await?;
-        // Fenced before `add_slot` rewrites the record: a crash in between
+        // Fenced before `add_slots` rewrites the record: a crash in between
         // must not forget an id whose transaction may still be open.
         earlier.fence(spec, job, subtask, false)?;
-        for slot in 0..earlier.own_slots {
-            sink.add_slot(slot).await?;
-        }
+        sink.add_slots(earlier.own_slots).await?;
         // Fenced: the records of subtasks the job no longer has can go.
         for k in earlier.recorded.keys().filter(|k| **k != subtask) {
             sink.ids.delete(&ids_record(*k)).await?;
         }
         check_topic(&sink.slots[0].producer, spec, &spec.topic).await?;
+        ensure_progress_topic(spec, Some(&sink.slots[0].producer)).await?;
 
         let entries: Vec<&KafkaLogEntry> = restore.mine.iter().flat_map(|s| &s.kafka).collect();
         if !entries.is_empty() {
@@ -215,7 +213,7 @@ impl Transactional {
     /// opens its sink subtasks one after another, so the sibling would
     /// fence it only after that.
     pub async fn fence_earlier_runs(spec: &KafkaSinkSpec, job: &str, subtasks: &[(u32, Vec<SinkState>)], parallelism: u32, log: &Location) -> Result<()> {
-        ensure_progress_topic(spec).await?;
+        ensure_progress_topic(spec, None).await?;
         let ids = log.parent().child(IDS_DIR);
         for (subtask, mine) in subtasks {
             EarlierRuns::find(spec, job, *subtask, parallelism, mine, &ids).await?.fence(spec, job, *subtask, true)?;
@@ -223,17 +221,22 @@ impl Transactional {
         Ok(())
     }
 
-    async fn add_slot(&mut self, slot: usize) -> Result<()> {
-        let id = transactional_id(&self.job, &self.spec.topic, self.subtask, slot);
-        // Recorded before it is used: a later run fences it even if no
-        // checkpoint names it.
-        let mut ids: Vec<String> = self.slots.iter().map(|s| s.transactional_id.clone()).collect();
-        ids.push(id.clone());
-        self.ids.put_durable(&ids_record(self.subtask), ids.join("\n").into_bytes()).await?;
-        let p = producer(&self.spec, &format!("weir-{}-{}", self.job, self.subtask), Some(&id))?;
-        init(&p, &id)?;
-        self.slots.push(Slot { transactional_id: id, producer: std::sync::Arc::new(p) });
-        self.free.push(slot);
+    /// Adds `n` producers to the pool, each with a transactional id of its
+    /// own, initialized at once: a new id costs the transaction coordinator
+    /// a round of its own, and a job's start (or restore) waits for all.
+    async fn add_slots(&mut self, n: usize) -> Result<()> {
+        let first = self.slots.len();
+        let new: Vec<String> = (first..first + n).map(|slot| transactional_id(&self.job, &self.spec.topic, self.subtask, slot)).collect();
+        // Recorded before they are used: a later run fences them even if
+        // no checkpoint names them.
+        let ids: Vec<&String> = self.slots.iter().map(|s| &s.transactional_id).chain(&new).collect();
+        self.ids.put_durable(&ids_record(self.subtask), ids.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n").into_bytes()).await?;
+        let producers = new.iter().map(|id| producer(&self.spec, &format!("weir-{}-{}", self.job, self.subtask), Some(id))).collect::<Result<Vec<_>>>()?;
+        init_all(&producers.iter().zip(&new).map(|(p, id)| (p, id.as_str())).collect::<Vec<_>>())?;
+        for (slot, (id, p)) in (first..).zip(new.into_iter().zip(producers)) {
+            self.slots.push(Slot { transactional_id: id, producer: std::sync::Arc::new(p) });
+            self.free.push(slot);
+        }
         Ok(())
     }
 
@@ -247,8 +250,7 @@ impl Transactional {
             return Ok(s);
         }
         if self.free.is_empty() {
-            let n = self.slots.len();
-            self.add_slot(n).await?;
+            self.add_slots(1).await?;
         }
         let s = self.free.remove(0);
         self.slots[s].producer.begin_transaction().map_err(|e| kafka::error(self.context(), e))?;
@@ -500,17 +502,39 @@ impl EarlierRuns {
     fn fence(&self, spec: &KafkaSinkSpec, job: &str, subtask: u32, own: bool) -> Result<()> {
         let own_ids: BTreeSet<String> = (0..self.own_slots).map(|slot| transactional_id(job, &spec.topic, subtask, slot)).collect();
         let fenced: BTreeSet<&String> = if own { self.ids.iter().chain(&own_ids).collect() } else { self.ids.difference(&own_ids).collect() };
-        for id in fenced {
-            let p = producer(spec, &format!("weir-{job}-{subtask}-fence"), Some(id))?;
-            init(&p, id)?;
-        }
-        Ok(())
+        let producers = fenced.iter().map(|id| producer(spec, &format!("weir-{job}-{subtask}-fence"), Some(id))).collect::<Result<Vec<_>>>()?;
+        init_all(&producers.iter().zip(&fenced).map(|(p, id)| (p, id.as_str())).collect::<Vec<_>>())
+    }
+}
+
+/// Initializes transactional producers, all at once (a thread each): fences
+/// older producers of their ids. The first error is returned.
+fn init_all(producers: &[(&ThreadedProducer<Deliveries>, &str)]) -> Result<()> {
+    match producers {
+        [] => Ok(()),
+        [(p, id)] => init(p, id),
+        many => tokio::task::block_in_place(|| {
+            std::thread::scope(|scope| {
+                let threads: Vec<_> = many.iter().map(|(p, id)| scope.spawn(move || init_blocking(p, id))).collect();
+                threads.into_iter().map(|t| t.join().unwrap_or_else(|_| Err(Error::Job("kafka sink: a thread initializing a transactional id panicked".into())))).collect::<Result<Vec<()>>>()
+            })
+        })
+        .map(|_| ()),
     }
 }
 
 /// Initializes a transactional producer: fences older producers of its id.
 fn init(producer: &ThreadedProducer<Deliveries>, id: &str) -> Result<()> {
-    tokio::task::block_in_place(|| producer.init_transactions(REQUEST_TIMEOUT)).map_err(|e| {
+    tokio::task::block_in_place(|| init_blocking(producer, id))
+}
+
+fn init_blocking(producer: &ThreadedProducer<Deliveries>, id: &str) -> Result<()> {
+    // The cluster's metadata first: librdkafka replaces its bootstrap
+    // connection by the broker's own once it knows the broker's id, and a
+    // coordinator query sent on the bootstrap connection is then lost and
+    // asked again only by a 500 ms timer.
+    let _ = producer.client().fetch_metadata(None, REQUEST_TIMEOUT);
+    producer.init_transactions(REQUEST_TIMEOUT).map_err(|e| {
         let mut err = kafka::error(format!("kafka sink: initializing transactional id {id}"), e);
         if let Error::Kafka { message, .. } = &mut err {
             message.push_str(" (the brokers need transactions: transaction.state.log.replication.factor and min.isr at most the number of brokers)");
@@ -548,8 +572,23 @@ fn commit_error(context: &str, entry: &KafkaLogEntry, e: KafkaError) -> Error {
     err
 }
 
-/// Creates the progress topic (one partition) unless it exists.
-async fn ensure_progress_topic(spec: &KafkaSinkSpec) -> Result<()> {
+/// Creates the progress topic (one partition) unless `producer`'s metadata
+/// shows it: an admin client's start and request cost a tenth of a second
+/// on every (re)start of a job, and the topic exists after the first.
+/// A topic it creates, it waits for until `producer` sees it with a leader,
+/// so that the first progress marker does not wait for librdkafka's next
+/// metadata refresh.
+async fn ensure_progress_topic(spec: &KafkaSinkSpec, producer: Option<&ThreadedProducer<Deliveries>>) -> Result<()> {
+    // All topics: a request naming the topic would let a broker with
+    // auto.create.topics.enable create it with its default partitions,
+    // and the progress topic must have one.
+    let known = |p: &ThreadedProducer<Deliveries>| {
+        let metadata = tokio::task::block_in_place(|| p.client().fetch_metadata(None, REQUEST_TIMEOUT));
+        metadata.is_ok_and(|m| m.topics().iter().any(|t| t.name() == spec.progress_topic && t.error().is_none() && t.partitions().iter().any(|p| p.leader() >= 0)))
+    };
+    if producer.is_some_and(known) {
+        return Ok(());
+    }
     let context = format!("kafka sink: creating the progress topic {}", spec.progress_topic);
     let config = kafka::client_config(&spec.bootstrap_servers, "weir-admin", super::user_settings(spec), Scope::Connection)?;
     let admin: AdminClient<kafka::Quiet> = config.create_with_context(kafka::Quiet).map_err(|e| kafka::error(&context, e))?;
@@ -562,6 +601,12 @@ async fn ensure_progress_topic(spec: &KafkaSinkSpec) -> Result<()> {
         match r {
             Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
             Err((_, code)) => return Err(kafka::error(&context, KafkaError::AdminOp(code))),
+        }
+    }
+    if let Some(p) = producer {
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        while !known(p) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
     Ok(())
