@@ -228,6 +228,29 @@ fn init_tracing(json: bool) {
     }
 }
 
+/// How a worker process ended without an error.
+enum Ended {
+    Done,
+    /// By SIGTERM. In a pod the worker is PID 1, for which the kernel
+    /// ignores a signal without a handler: without this, every pod
+    /// deletion waited out the whole grace period.
+    Terminated,
+}
+
+/// Resolves when the process receives SIGTERM (never, if no handler can
+/// be installed).
+async fn terminated() {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut sigterm) => {
+            sigterm.recv().await;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "no SIGTERM handler: a pod deletion waits for its grace period");
+            std::future::pending::<()>().await
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let s3 = weir_runtime::checkpoint::s3::S3Settings {
@@ -275,12 +298,26 @@ fn main() -> ExitCode {
                     None => std::env::current_dir().map_err(Error::io("current directory"))?,
                 };
                 let restore = restore.as_deref().map(RestoreFrom::parse);
-                worker::run(WorkerConfig { plan: Arc::new(plan), index, placement, state_dir, restore, allow_non_restored_state, expect_state, base_dir, token, job_id }).await
+                let config = WorkerConfig { plan: Arc::new(plan), index, placement, state_dir, restore, allow_non_restored_state, expect_state, base_dir, token, job_id };
+                tokio::select! {
+                    r = worker::run(config) => r.map(|()| Ended::Done),
+                    () = terminated() => Ok(Ended::Terminated),
+                }
             });
             // Do not wait for blocked tasks (a peer that is gone) on the way out.
             runtime.shutdown_timeout(Duration::from_millis(100));
             match result {
-                Ok(()) => ExitCode::SUCCESS,
+                Ok(Ended::Done) => ExitCode::SUCCESS,
+                Ok(Ended::Terminated) => {
+                    // Like a kill, which every path of the job survives: what
+                    // the open checkpoint wrote is never completed, and the
+                    // job restores from its latest completed checkpoint.
+                    tracing::info!(worker = index, "SIGTERM: the worker leaves at once; the job restores from its latest completed checkpoint");
+                    if std::path::Path::new(TERMINATION_LOG).exists() {
+                        let _ = std::fs::write(TERMINATION_LOG, "the worker was stopped by SIGTERM (its pod was deleted or evicted)");
+                    }
+                    ExitCode::from(128 + 15)
+                }
                 Err(e) => {
                     tracing::error!(worker = index, error = %e, "worker failed");
                     // On Kubernetes the kubelet puts this file's content in the

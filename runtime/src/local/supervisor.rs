@@ -411,7 +411,14 @@ async fn supervise(children: &mut Vec<Child>, api: SocketAddr, token: &str, prog
     let mut exited_ok = 0usize;
     let mut last_status = JobStatus::default();
     let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     loop {
+        let terminated = async {
+            match &mut sigterm {
+                Some(s) => s.recv().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             Some((i, r)) = exits.recv() => {
                 let code = r.as_ref().ok().and_then(|s| s.code());
@@ -472,6 +479,12 @@ async fn supervise(children: &mut Vec<Child>, api: SocketAddr, token: &str, prog
                 }
             }
             _ = tokio::signal::ctrl_c() => {
+                kill_all(&waiting);
+                return Outcome::Interrupted;
+            }
+            // SIGTERM (a service manager's stop, `kill`) ends the run as
+            // Ctrl-C does.
+            Some(()) = terminated => {
                 kill_all(&waiting);
                 return Outcome::Interrupted;
             }

@@ -51,6 +51,30 @@ fn whole_tree_kills_then_restore_latest_at_another_parallelism_keep_exactly_once
 }
 
 #[test]
+fn a_worker_stopped_by_sigterm_leaves_at_once_and_the_job_restores_exactly_once() {
+    // As a pod's PID 1 a worker without a handler ignores SIGTERM, and a
+    // pod deletion waits its whole grace period; with it the worker leaves
+    // at once, like a kill, and the job goes on from its latest checkpoint.
+    let job = Job::counting(2, 120_000, 31, 30_000, "150ms");
+    let child = job.spawn(&[]);
+    let start = std::time::Instant::now();
+    while job.latest().is_none() {
+        assert!(start.elapsed() < Duration::from_secs(30), "no first checkpoint");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (pids, _) = job.worker_pids().expect("the workers' pids");
+    unsafe {
+        libc::kill(pids[1] as i32, libc::SIGTERM);
+    }
+    let out = wait_with_timeout(child, Duration::from_secs(60));
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("worker 1 exited with code 143"), "the worker did not leave through its SIGTERM handler:\n{err}");
+    assert!(err.contains("restarting"), "no restart was reported:\n{err}");
+    job.assert_exactly_once();
+}
+
+#[test]
 fn a_failure_free_run_commits_every_event_once_and_exits_zero() {
     let job = Job::counting(3, 20_000, 10, 0, "100ms");
     let out = job.run(&[]);
