@@ -90,17 +90,7 @@ pub fn slow_sink() -> Option<std::time::Duration> {
 /// `WEIR_SLOW_SHARED_WRITE` names that checkpoint.
 pub async fn slow_shared_write(checkpoint_id: u64) {
     static SLOW: OnceLock<Option<(u64, std::time::Duration)>> = OnceLock::new();
-    let slow = *SLOW.get_or_init(|| {
-        let text = std::env::var("WEIR_SLOW_SHARED_WRITE").ok()?;
-        let (id, d) = text.split_once(':')?;
-        Some((id.parse().ok()?, weir_api::pipeline::HumanDuration::parse(d).ok()?.get()))
-    });
-    if let Some((id, d)) = slow {
-        if id == checkpoint_id {
-            tracing::warn!(checkpoint_id, delay_ms = d.as_millis() as u64, "slow shared write injected");
-            tokio::time::sleep(d).await;
-        }
-    }
+    delay_of(&SLOW, "WEIR_SLOW_SHARED_WRITE", checkpoint_id, "slow shared write injected").await;
 }
 
 /// Waits before the Kafka sink commits the transaction of `checkpoint_id`,
@@ -108,14 +98,20 @@ pub async fn slow_shared_write(checkpoint_id: u64) {
 /// flight when later checkpoints complete.
 pub async fn slow_sink_commit(checkpoint_id: u64) {
     static SLOW: OnceLock<Option<(u64, std::time::Duration)>> = OnceLock::new();
-    let slow = *SLOW.get_or_init(|| {
-        let text = std::env::var("WEIR_SLOW_SINK_COMMIT").ok()?;
+    delay_of(&SLOW, "WEIR_SLOW_SINK_COMMIT", checkpoint_id, "slow sink commit injected").await;
+}
+
+/// Sleeps when the variable `var` (`<checkpoint>:<duration>`, read once
+/// into `slow`) names `checkpoint_id`, saying so with `what`.
+async fn delay_of(slow: &OnceLock<Option<(u64, std::time::Duration)>>, var: &str, checkpoint_id: u64, what: &str) {
+    let slow = *slow.get_or_init(|| {
+        let text = std::env::var(var).ok()?;
         let (id, d) = text.split_once(':')?;
         Some((id.parse().ok()?, weir_api::pipeline::HumanDuration::parse(d).ok()?.get()))
     });
     if let Some((id, d)) = slow {
         if id == checkpoint_id {
-            tracing::warn!(checkpoint_id, delay_ms = d.as_millis() as u64, "slow sink commit injected");
+            tracing::warn!(checkpoint_id, delay_ms = d.as_millis() as u64, "{what}");
             tokio::time::sleep(d).await;
         }
     }
