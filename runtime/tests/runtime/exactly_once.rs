@@ -57,11 +57,7 @@ fn a_worker_stopped_by_sigterm_leaves_at_once_and_the_job_restores_exactly_once(
     // at once, like a kill, and the job goes on from its latest checkpoint.
     let job = Job::counting(2, 120_000, 31, 30_000, "150ms");
     let child = job.spawn(&[]);
-    let start = std::time::Instant::now();
-    while job.latest().is_none() {
-        assert!(start.elapsed() < Duration::from_secs(30), "no first checkpoint");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    job.wait_for_first_checkpoint();
     let (pids, _) = job.worker_pids().expect("the workers' pids");
     unsafe {
         libc::kill(pids[1] as i32, libc::SIGTERM);

@@ -350,11 +350,7 @@ fn a_restore_resumes_at_the_checkpointed_offsets_whatever_the_start_position_say
     let both = |r: std::ops::Range<i64>| r.map(|n| ((n % 2) as i32, format!(r#"{{"n":{n}}}"#))).collect::<Vec<_>>();
     let mut first = KillOnDrop::new(job.spawn(&[]));
     // The start position is resolved to offsets before the first checkpoint.
-    let start = std::time::Instant::now();
-    while job.latest().is_none() {
-        assert!(start.elapsed() < Duration::from_secs(30), "no first checkpoint");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    job.wait_for_first_checkpoint();
     kafka::produce(&topic, &both(5..10), None);
     wait_for_values(&job, &(5..10).collect::<Vec<_>>());
     let savepoint = job.take_savepoint_with(&["--stop"]);
@@ -524,11 +520,7 @@ fn a_stop_with_savepoint_commits_its_transaction_and_resuming_it_writes_nothing_
 fn stopped_with_a_savepoint() -> (Job, String) {
     let job = Job::counting(2, 120_000, 20, 15_000, "200ms").output_to_kafka("exactly-once");
     let child = job.spawn(&[]);
-    let start = std::time::Instant::now();
-    while job.latest().is_none() {
-        assert!(start.elapsed() < Duration::from_secs(30), "no first checkpoint");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    job.wait_for_first_checkpoint();
     // Retries while the control endpoint is between two attempts of the run.
     let sp = job.take_savepoint_with(&["--stop"]);
     let out = wait_with_timeout(child, Duration::from_secs(30));
@@ -565,11 +557,7 @@ fn a_savepoint_a_crash_and_then_restoring_the_savepoint_again_loses_nothing() {
     // nothing may be missing, and its own transaction is settled once.
     let job = Job::counting(2, 60_000, 20, 15_000, "300ms").output_to_kafka("exactly-once");
     let mut child = KillOnDrop::new(job.spawn(&[]));
-    let start = std::time::Instant::now();
-    while job.latest().is_none() {
-        assert!(start.elapsed() < Duration::from_secs(30), "no first checkpoint");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    job.wait_for_first_checkpoint();
     let sp = job.take_savepoint();
     kill(job.worker_pids().unwrap().0[0]);
     std::thread::sleep(Duration::from_millis(1500));

@@ -284,11 +284,7 @@ fn stop_with_a_savepoint_then_resume_publishes_its_staged_files_once() {
     let bucket = bucket();
     let job = Job::counting(2, 60_000, 20, 15_000, "200ms").output_on_s3(&bucket);
     let child = job.spawn(&[]);
-    let start = Instant::now();
-    while job.latest().is_none() {
-        assert!(start.elapsed() < Duration::from_secs(30), "no checkpoint in 30 s");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    job.wait_for_first_checkpoint();
     let out = job.weir(&["savepoint", "--state-dir", &job.state, "--stop"]).output().unwrap();
     assert!(out.status.success(), "weir savepoint --stop failed: {}", stderr(&out));
     let sp = String::from_utf8_lossy(&out.stdout).trim().to_string();

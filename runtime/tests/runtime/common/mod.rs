@@ -182,6 +182,15 @@ impl Job {
 
     /// The location of the lineage's latest snapshot, as `weir checkpoints
     /// list --json` marks it; `None` when the lineage has none.
+    /// Waits (at most 30 s) until the job has completed a checkpoint.
+    pub fn wait_for_first_checkpoint(&self) {
+        let start = Instant::now();
+        while self.latest().is_none() {
+            assert!(start.elapsed() < Duration::from_secs(30), "no first checkpoint in 30 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     pub fn latest(&self) -> Option<String> {
         let out = self.weir(&["checkpoints", "list", "--json", "--state-dir", &self.state]).output().unwrap();
         assert!(out.status.success(), "weir checkpoints list failed: {}", stderr(&out));
