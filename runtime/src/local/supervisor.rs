@@ -433,8 +433,12 @@ async fn supervise(children: &mut Vec<Child>, api: SocketAddr, token: &str, prog
                 // to exit: a peer that lost its connection to it may be
                 // quicker. Let the others end on their own for a moment, so
                 // that a fatal exit among them is seen, then kill the rest.
+                // Every exit seen in that moment is reported: the first one
+                // is often only a peer's "connection closed", and the cause
+                // (a SIGTERM, an out-of-memory kill) is the second.
                 let mut remaining = total - exited_ok - 1;
                 let mut fatal = (code == Some(EXIT_FATAL)).then_some(i);
+                let mut seen = vec![describe_exit(i, &r)];
                 let grace = tokio::time::sleep(FAILURE_GRACE);
                 tokio::pin!(grace);
                 while remaining > 0 && fatal.is_none() {
@@ -442,8 +446,11 @@ async fn supervise(children: &mut Vec<Child>, api: SocketAddr, token: &str, prog
                         exit = exits.recv() => match exit {
                             Some((j, r)) => {
                                 remaining -= 1;
-                                if r.ok().and_then(|s| s.code()) == Some(EXIT_FATAL) {
+                                let code = r.as_ref().ok().and_then(|s| s.code());
+                                if code == Some(EXIT_FATAL) {
                                     fatal = Some(j);
+                                } else if code != Some(0) {
+                                    seen.push(describe_exit(j, &r));
                                 }
                             }
                             None => break,
@@ -460,15 +467,7 @@ async fn supervise(children: &mut Vec<Child>, api: SocketAddr, token: &str, prog
                 if let Some(j) = fatal {
                     return Outcome::Fatal(format!("worker {j} exited with code {EXIT_FATAL} (an error a restart cannot fix; see its message above)"));
                 }
-                let how = match (&r, code) {
-                    (Err(e), _) => format!("worker {i} could not be watched: {e}"),
-                    (_, Some(c)) => format!("worker {i} exited with code {c}"),
-                    (Ok(s), None) => {
-                        use std::os::unix::process::ExitStatusExt;
-                        format!("worker {i} was killed by signal {}", s.signal().unwrap_or(0))
-                    }
-                };
-                return Outcome::Failed(how);
+                return Outcome::Failed(seen.join(", then "));
             }
             _ = tick.tick() => {
                 if let Ok((200, body)) = control::call(api, "GET", "/v1/status", token, None, Duration::from_millis(500)).await {
@@ -489,6 +488,19 @@ async fn supervise(children: &mut Vec<Child>, api: SocketAddr, token: &str, prog
                 return Outcome::Interrupted;
             }
         }
+    }
+}
+
+/// Says how a worker ended, in the words of a process table: its exit code,
+/// or the signal that killed it.
+fn describe_exit(i: usize, r: &std::io::Result<std::process::ExitStatus>) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match r {
+        Err(e) => format!("worker {i} could not be watched: {e}"),
+        Ok(s) => match s.code() {
+            Some(c) => format!("worker {i} exited with code {c}"),
+            None => format!("worker {i} was killed by signal {}", s.signal().unwrap_or(0)),
+        },
     }
 }
 
@@ -522,5 +534,17 @@ mod tests {
         let started = Instant::now();
         assert!(matches!(supervise(&mut children, free_addr().unwrap(), "token", &mut Progress::new(), 0).await, Outcome::Failed(_)));
         assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn a_failure_names_every_worker_that_ended_on_its_own_first_one_first() {
+        // Worker 0 loses its connection to worker 1 and exits 1; worker 1,
+        // stopped by a SIGTERM, exits 143 a moment later. The cause is the
+        // second exit, so both are named; the straggler killed afterwards is not.
+        let mut children = vec![worker("exit 1"), worker("sleep 0.1; exit 143"), worker("sleep 30")];
+        match supervise(&mut children, free_addr().unwrap(), "token", &mut Progress::new(), 0).await {
+            Outcome::Failed(msg) => assert_eq!(msg, "worker 0 exited with code 1, then worker 1 exited with code 143"),
+            _ => panic!("not a retried failure"),
+        }
     }
 }
