@@ -19,6 +19,10 @@ use crate::error::{Error, Result};
 use crate::expr::{select_schema, ExprCompiler};
 use crate::key_group::is_key_type;
 
+mod describe;
+#[cfg(test)]
+mod golden;
+
 pub const SOURCE_ID: &str = "source";
 pub const SINK_ID: &str = "sink";
 

@@ -1,0 +1,125 @@
+//! The plan as text: one block per stage with its input, its operators and
+//! its output, then the state ids a snapshot of the job holds.
+//!
+//! The text is what `weir plan` prints and what the planner's golden tests
+//! compare, so that a change of stages, schemas or state ids (which decide
+//! whether a savepoint still restores) shows up in review as a diff.
+
+use std::fmt::Write;
+
+use arrow::datatypes::Schema;
+
+use super::{AggFn, JobPlan, OperatorKind, OperatorPlan, StageOutput, WindowFn, WindowPlan};
+
+impl JobPlan {
+    /// The plan as text, stable for a given pipeline.
+    pub fn describe(&self) -> String {
+        let mut out = String::new();
+        let stages = self.stages.len();
+        let _ = writeln!(out, "job {}: {stages} stage{}", self.spec.name, if stages == 1 { "" } else { "s" });
+        for (i, stage) in self.stages.iter().enumerate() {
+            if i == 0 {
+                let _ = write!(out, "stage 0 reads source {} {}", self.spec.source.kind(), fields(&stage.input_schema));
+                if let Some(et) = &self.event_time {
+                    let _ = write!(out, ", event time `{}` out of order by {} ms", et.field, et.max_out_of_orderness_ms);
+                    if let Some(idle) = et.idle_timeout {
+                        let _ = write!(out, ", idle after {} ms", idle.as_millis());
+                    }
+                }
+                out.push('\n');
+            } else {
+                let _ = writeln!(out, "stage {i} reads the exchange {}", fields(&stage.input_schema));
+            }
+            let mut input = stage.input_schema.as_ref();
+            for op in &stage.operators {
+                let _ = writeln!(out, "  {} ({}): {} -> {}", op.id, op.step, operator(op, input), fields(&op.output_schema));
+                input = op.output_schema.as_ref();
+            }
+            match &stage.output {
+                StageOutput::Exchange { key_indices } => {
+                    let _ = writeln!(out, "  hash by [{}] into stage {}", columns(input, key_indices), i + 1);
+                }
+                StageOutput::Sink => {
+                    let _ = writeln!(out, "  writes sink {} {}", self.spec.sink.kind(), fields(&stage.output_schema));
+                }
+            }
+        }
+        let _ = writeln!(out, "state ids: {}", self.stateful_operator_ids().join(", "));
+        out
+    }
+}
+
+/// What an operator does, with columns named as its input has them.
+fn operator(op: &OperatorPlan, input: &Schema) -> String {
+    match &op.kind {
+        OperatorKind::Filter(e) => format!("filter `{}`", e.text),
+        OperatorKind::Select(items) => {
+            format!("select {}", items.iter().map(|e| format!("`{}`", e.text)).collect::<Vec<_>>().join(", "))
+        }
+        OperatorKind::Running(r) => {
+            let f = match r.function {
+                AggFn::Count => "count",
+                AggFn::Sum => "sum",
+                AggFn::Min => "min",
+                AggFn::Max => "max",
+            };
+            let of = r.input.map(|c| format!(" of {}", column(input, c))).unwrap_or_default();
+            format!("running {f}{of} per [{}]", columns(input, &r.key_indices))
+        }
+        OperatorKind::Window(w) => window(w, input),
+    }
+}
+
+fn window(w: &WindowPlan, input: &Schema) -> String {
+    let shape = match w.session_gap_ms {
+        Some(gap) => format!("session window, gap {gap} ms"),
+        None if w.size_ms == w.slide_ms => format!("tumbling window of {} ms", w.size_ms),
+        None => format!("sliding window of {} ms every {} ms", w.size_ms, w.slide_ms),
+    };
+    let aggs: Vec<String> = w
+        .aggregates
+        .iter()
+        .map(|a| {
+            let f = match a.function {
+                WindowFn::Count => "count",
+                WindowFn::Sum => "sum",
+                WindowFn::Min => "min",
+                WindowFn::Max => "max",
+                WindowFn::Avg => "avg",
+            };
+            match a.input {
+                Some(c) => format!("{f}({})", column(input, c)),
+                None => format!("{f}(*)"),
+            }
+        })
+        .collect();
+    let mut text = format!(
+        "{shape} on {} per [{}], lateness {} ms: {}",
+        column(input, w.time_index),
+        columns(input, &w.key_indices),
+        w.allowed_lateness_ms,
+        aggs.join(", ")
+    );
+    if let Some(late) = &w.late_records {
+        let _ = write!(text, ", late records to {}", late.path);
+    }
+    text
+}
+
+/// `(name type, …)`, with `?` after the type of a field that may be null.
+fn fields(schema: &Schema) -> String {
+    let f: Vec<String> = schema
+        .fields()
+        .iter()
+        .map(|f| format!("{} {}{}", f.name(), f.data_type(), if f.is_nullable() { "?" } else { "" }))
+        .collect();
+    format!("({})", f.join(", "))
+}
+
+fn column(schema: &Schema, i: usize) -> String {
+    schema.fields().get(i).map(|f| f.name().clone()).unwrap_or_else(|| format!("#{i}"))
+}
+
+fn columns(schema: &Schema, indices: &[usize]) -> String {
+    indices.iter().map(|&i| column(schema, i)).collect::<Vec<_>>().join(", ")
+}
