@@ -87,6 +87,17 @@ a record a step fails on), reported by the first attempt; 1 anything else (e.g. 
         #[arg(long, env = "WEIR_JOB_ID", value_parser = parse_job_id)]
         job_id: Option<String>,
     },
+    /// Check a pipeline and print its plan (stages, schemas, exchanges and state ids) without running it.
+    #[command(after_help = "The state ids are what a savepoint holds: a pipeline whose stateful steps keep their \
+ids restores from a savepoint of this one. Exit codes: 0 the pipeline plans; 3 it does not (the error names the file, \
+line and field).")]
+    Plan {
+        /// The pipeline file (YAML).
+        pipeline: PathBuf,
+        /// Plan at this parallelism instead of the pipeline's.
+        #[arg(long)]
+        parallelism: Option<u32>,
+    },
     /// Take a savepoint of a running local job and print its path.
     Savepoint {
         #[arg(long, default_value = "weir-state")]
@@ -425,6 +436,12 @@ async fn run_command(command: Command) -> anyhow::Result<()> {
                 "last_checkpoint": st.latest_checkpoint.as_ref().map(|c| c.id),
                 "stopped_with_savepoint": stopped_with,
             }));
+            Ok(())
+        }
+        Command::Plan { pipeline, parallelism } => {
+            let (spec, src) = local::load_pipeline(&pipeline, parallelism)?;
+            let plan = plan::plan(&spec, &src)?;
+            print!("{}", plan.describe());
             Ok(())
         }
         Command::Savepoint { state_dir, job, stop } => {

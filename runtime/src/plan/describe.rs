@@ -16,7 +16,14 @@ impl JobPlan {
     pub fn describe(&self) -> String {
         let mut out = String::new();
         let stages = self.stages.len();
-        let _ = writeln!(out, "job {}: {stages} stage{}", self.spec.name, if stages == 1 { "" } else { "s" });
+        let _ = writeln!(
+            out,
+            "job {}: {stages} stage{} at parallelism {} (max {})",
+            self.spec.name,
+            if stages == 1 { "" } else { "s" },
+            self.spec.parallelism,
+            self.spec.max_parallelism
+        );
         for (i, stage) in self.stages.iter().enumerate() {
             if i == 0 {
                 let _ = write!(out, "stage 0 reads source {} {}", self.spec.source.kind(), fields(&stage.input_schema));

@@ -95,3 +95,26 @@ fn the_stdout_sink_prints_records_and_says_it_is_at_least_once() {
     seqs.sort();
     assert_eq!(seqs, vec![2, 3, 4]);
 }
+
+#[test]
+fn weir_plan_prints_stages_and_state_ids_and_refuses_a_bad_pipeline_naming_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("orders.yaml");
+    std::fs::write(&good, ORDERS).unwrap();
+    let out = std::process::Command::new(WEIR).args(["plan", "--parallelism", "3"]).arg(&good).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("job orders: 2 stages at parallelism 3"), "{text}");
+    assert!(text.contains("hash by [user] into stage 1"), "{text}");
+    assert!(text.contains("totals (steps[3].running_sum): running sum of doubled per [user]"), "{text}");
+    assert!(text.lines().last().unwrap().starts_with("state ids: source, sink, in-flight-1, totals"), "{text}");
+    // Nothing ran: no state directory and no output.
+    assert!(!dir.path().join("weir-state").exists() && !dir.path().join("out").exists());
+
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, ORDERS.replace("key_by: user", "key_by: customer")).unwrap();
+    let out = std::process::Command::new(WEIR).arg("plan").arg(&bad).output().unwrap();
+    let err = assert_refused(&out);
+    let line = ORDERS.lines().position(|l| l.contains("key_by")).unwrap() + 1;
+    assert!(err.contains(&format!("bad.yaml:{line}: steps[2].key_by: no field `customer` to key by")), "{err}");
+}
