@@ -45,7 +45,7 @@ use super::storage::{CheckpointStorage, SnapshotInfo};
 use crate::control::{ApiRequest, CheckpointStatus, SharedStatus};
 use crate::error::{Error, Result};
 use crate::exchange::Barrier;
-use crate::worker::protocol::{framed, heartbeat_interval, heartbeat_timeout, recv, silence, ToCoordinator, ToWorker};
+use crate::worker::protocol::{framed, heartbeat_interval, heartbeat_timeout, silence, ToCoordinator, ToWorker};
 
 /// The status of the last run that finished, in the job's storage root.
 pub const FINAL_STATUS: &str = "finished.json";
@@ -53,8 +53,8 @@ pub const FINAL_STATUS: &str = "finished.json";
 pub struct CoordinatorConfig {
     pub job: String,
     pub run_id: String,
-    /// What every worker of the run proves in its hello (`protocol::run_proof`).
-    pub run_proof: String,
+    /// What a worker proves it holds in its handshake (`worker::handshake`).
+    pub run_key: ring::hmac::Key,
     pub parallelism: u32,
     pub max_parallelism: u32,
     pub stages: usize,
@@ -156,7 +156,7 @@ pub async fn run(cfg: CoordinatorConfig, listener: TcpListener, mut api: mpsc::R
     let retained_shared = retained_shared_files(&snapshots);
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let run_id = cfg.run_id.clone();
-    tokio::spawn(accept_workers(listener, run_id, cfg.run_proof.clone(), cfg.restored_from.clone(), events_tx));
+    tokio::spawn(accept_workers(listener, run_id, cfg.run_key.clone(), cfg.restored_from.clone(), events_tx));
     let mut c = Coordinator {
         cfg,
         status,
@@ -240,22 +240,25 @@ fn shared_files(meta: &CheckpointMetadata) -> std::collections::HashSet<String> 
     meta.operators.values().flatten().flat_map(|s| s.shared.iter().map(|f| f.name.clone())).collect()
 }
 
-async fn accept_workers(listener: TcpListener, run_id: String, proof: String, restored_from: Option<String>, events: mpsc::UnboundedSender<Event>) {
+async fn accept_workers(listener: TcpListener, run_id: String, run_key: ring::hmac::Key, restored_from: Option<String>, events: mpsc::UnboundedSender<Event>) {
     loop {
-        let Ok((stream, peer)) = listener.accept().await else { continue };
+        let Ok((mut stream, peer)) = listener.accept().await else { continue };
         let events = events.clone();
         let run_id = run_id.clone();
-        let proof = proof.clone();
+        let run_key = run_key.clone();
         let restored_from = restored_from.clone();
         tokio::spawn(async move {
             let peer = peer.to_string();
-            let mut conn = framed(stream);
-            let worker = match recv::<ToCoordinator>(&mut conn, &peer).await {
-                Ok(Some(ToCoordinator::Hello { proof: theirs_proof, .. })) if !crate::worker::protocol::proof_matches(&proof, &theirs_proof) => {
-                    tracing::warn!(%peer, "ignoring a connection without this run's proof");
+            let hello = crate::worker::handshake::accept(&mut stream, &run_key, &peer).await.and_then(|body| {
+                serde_json::from_slice::<ToCoordinator>(&body).map_err(|e| Error::Protocol { peer: peer.clone(), message: format!("bad hello: {e}") })
+            });
+            let conn = framed(stream);
+            let worker = match hello {
+                Err(e) => {
+                    tracing::warn!(%peer, error = %e, "ignoring a connection to the coordinator");
                     return;
                 }
-                Ok(Some(ToCoordinator::Hello { worker, run_id: r, restored_from: theirs, .. })) if r == run_id => {
+                Ok(ToCoordinator::Hello { worker, run_id: r, restored_from: theirs }) if r == run_id => {
                     // Workers resolve `--restore latest` each on their own; if the
                     // latest pointer moved in between, they would disagree.
                     if theirs != restored_from {
@@ -269,11 +272,14 @@ async fn accept_workers(listener: TcpListener, run_id: String, proof: String, re
                     }
                     worker
                 }
-                Ok(Some(ToCoordinator::Hello { .. })) => {
+                Ok(ToCoordinator::Hello { .. }) => {
                     tracing::warn!(%peer, "ignoring a worker of another run of this job");
                     return;
                 }
-                _ => return,
+                Ok(other) => {
+                    tracing::warn!(%peer, "ignoring a connection that began with {other:?} instead of a hello");
+                    return;
+                }
             };
             let (tx, mut rx) = mpsc::unbounded_channel::<ToWorker>();
             let heartbeats = tx.clone();
@@ -747,8 +753,14 @@ impl Coordinator {
 mod tests {
     use super::*;
     use crate::control::JobStatus;
-    use crate::worker::protocol::{connect, framed, recv, send};
+    use crate::worker::protocol::{join_coordinator, recv, send, ControlStream};
     use std::sync::{Arc, Mutex};
+
+    /// Joins the coordinator as a worker of run `r` with the token `token`.
+    async fn join(addr: std::net::SocketAddr, hello: ToCoordinator) -> ControlStream {
+        let key = crate::worker::handshake::run_key("token", "r");
+        join_coordinator(addr, &key, &hello, Duration::from_secs(5)).await.unwrap()
+    }
 
     /// The next message to the worker that is not a heartbeat.
     async fn recv_skipping_heartbeats(conn: &mut crate::worker::protocol::ControlStream) -> Result<Option<ToWorker>> {
@@ -771,7 +783,7 @@ mod tests {
         let cfg = CoordinatorConfig {
             job: "job".into(),
             run_id: "r".into(),
-            run_proof: String::new(),
+            run_key: crate::worker::handshake::run_key("token", "r"),
             parallelism: 1,
             max_parallelism: 8,
             stages: 1,
@@ -790,8 +802,7 @@ mod tests {
         let (_api_tx, api_rx) = mpsc::channel(1);
         let coordinator = tokio::spawn(run(cfg, listener, api_rx, status.clone()));
 
-        let mut conn = framed(connect(addr, Duration::from_secs(5)).await.unwrap());
-        send(&mut conn, &ToCoordinator::Hello { worker: 0, run_id: "r".into(), restored_from: None, proof: String::new() }, "c").await.unwrap();
+        let mut conn = join(addr, ToCoordinator::Hello { worker: 0, run_id: "r".into(), restored_from: None }).await;
         send(&mut conn, &ToCoordinator::Ready, "c").await.unwrap();
         assert!(matches!(recv_skipping_heartbeats(&mut conn).await.unwrap(), Some(ToWorker::Start)));
         send(&mut conn, &ToCoordinator::Running, "c").await.unwrap();
@@ -829,7 +840,7 @@ mod tests {
         let cfg = CoordinatorConfig {
             job: "job".into(),
             run_id: "r".into(),
-            run_proof: String::new(),
+            run_key: crate::worker::handshake::run_key("token", "r"),
             parallelism: 2,
             max_parallelism: 8,
             stages: 1,
@@ -846,9 +857,8 @@ mod tests {
         };
         let (_api_tx, api_rx) = mpsc::channel(1);
         let coordinator = tokio::spawn(run(cfg, listener, api_rx, Arc::new(Mutex::new(JobStatus::default()))));
-        let mut conn = framed(connect(addr, Duration::from_secs(5)).await.unwrap());
-        let hello = ToCoordinator::Hello { worker: 1, run_id: "r".into(), restored_from: Some("/s/job/checkpoints/chk-5".into()), proof: String::new() };
-        send(&mut conn, &hello, "c").await.unwrap();
+        let hello = ToCoordinator::Hello { worker: 1, run_id: "r".into(), restored_from: Some("/s/job/checkpoints/chk-5".into()) };
+        let _conn = join(addr, hello).await;
         let result = tokio::time::timeout(Duration::from_secs(5), coordinator).await.unwrap().unwrap();
         let e = result.unwrap_err().to_string();
         assert!(e.contains("chk-5") && e.contains("chk-4") && e.contains("must restore the same checkpoint"), "{e}");
@@ -865,7 +875,7 @@ mod tests {
         let cfg = CoordinatorConfig {
             job: "job".into(),
             run_id: "r".into(),
-            run_proof: String::new(),
+            run_key: crate::worker::handshake::run_key("token", "r"),
             parallelism: 1,
             max_parallelism: 8,
             stages: 1,
@@ -883,8 +893,7 @@ mod tests {
         let storage_for_test = storage;
         let (api_tx, api_rx) = mpsc::channel(4);
         let _coordinator = tokio::spawn(run(cfg, listener, api_rx, Arc::new(Mutex::new(JobStatus::default()))));
-        let mut conn = framed(connect(addr, Duration::from_secs(5)).await.unwrap());
-        send(&mut conn, &ToCoordinator::Hello { worker: 0, run_id: "r".into(), restored_from: None, proof: String::new() }, "c").await.unwrap();
+        let mut conn = join(addr, ToCoordinator::Hello { worker: 0, run_id: "r".into(), restored_from: None }).await;
         send(&mut conn, &ToCoordinator::Ready, "c").await.unwrap();
         assert!(matches!(recv_skipping_heartbeats(&mut conn).await.unwrap(), Some(ToWorker::Start)));
         send(&mut conn, &ToCoordinator::Running, "c").await.unwrap();

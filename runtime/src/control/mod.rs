@@ -214,7 +214,7 @@ impl Control {
     }
 }
 
-/// Compares secrets (tokens, run proofs) in constant time.
+/// Compares secrets (control tokens) in constant time.
 pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

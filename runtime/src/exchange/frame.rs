@@ -22,7 +22,6 @@ use crate::error::{Error, Result};
 const KIND_BATCH: u8 = 0;
 const KIND_BARRIER: u8 = 1;
 const KIND_END: u8 = 2;
-const KIND_HELLO: u8 = 3;
 const KIND_WATERMARK: u8 = 4;
 const KIND_IDLE: u8 = 5;
 
@@ -34,7 +33,8 @@ pub fn codec() -> LengthDelimitedCodec {
     LengthDelimitedCodec::builder().max_frame_length(MAX_FRAME).new_codec()
 }
 
-/// The first frame on a data connection: which channel it carries.
+/// A data connection's hello (sent in the handshake, see
+/// `worker::handshake`): which channel it carries.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Hello {
     pub run_id: String,
@@ -42,24 +42,14 @@ pub struct Hello {
     pub stage: usize,
     pub from: u32,
     pub to: u32,
-    /// The run's proof (`worker::protocol::run_proof`): only a process of
-    /// this run can open one of its data connections.
-    #[serde(default)]
-    pub proof: String,
 }
 
-pub fn encode_hello(h: &Hello) -> Bytes {
-    let mut b = BytesMut::new();
-    b.put_u8(KIND_HELLO);
-    b.extend_from_slice(&serde_json::to_vec(h).unwrap_or_default());
-    b.freeze()
+pub fn encode_hello(h: &Hello) -> Vec<u8> {
+    serde_json::to_vec(h).unwrap_or_default()
 }
 
-pub fn decode_hello(peer: &str, frame: &[u8]) -> Result<Hello> {
-    match frame.split_first() {
-        Some((&KIND_HELLO, body)) => serde_json::from_slice(body).map_err(|e| Error::Protocol { peer: peer.into(), message: format!("bad hello: {e}") }),
-        _ => Err(Error::Protocol { peer: peer.into(), message: "expected a hello frame".into() }),
-    }
+pub fn decode_hello(peer: &str, body: &[u8]) -> Result<Hello> {
+    serde_json::from_slice(body).map_err(|e| Error::Protocol { peer: peer.into(), message: format!("bad hello: {e}") })
 }
 
 /// Encodes messages of one connection (keeps the IPC stream state).

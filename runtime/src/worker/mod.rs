@@ -15,6 +15,7 @@
 
 mod clean_up;
 pub mod gate;
+pub mod handshake;
 pub mod protocol;
 mod read_marks;
 mod snapshot;
@@ -49,7 +50,7 @@ use crate::source::{SourcePositions, SourceReader};
 
 pub use protocol::Cluster;
 pub use start::{at_most_once_refuses, run, Placement};
-use protocol::{framed, send, ToCoordinator, ToWorker};
+use protocol::{ToCoordinator, ToWorker};
 use restore::RestoreFrom;
 use start::restore_state;
 use gate::{Alignment, InputGate, Unaligning};
@@ -121,7 +122,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
         let ccfg = CoordinatorConfig {
             job: spec.name.clone(),
             run_id: cluster.run_id.clone(),
-            run_proof: protocol::run_proof(&cfg.token, &cluster.run_id),
+            run_key: handshake::run_key(&cfg.token, &cluster.run_id),
             parallelism: p,
             max_parallelism: max_p,
             stages: plan.stage_count(),
@@ -145,10 +146,9 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     // The coordinator connection: a writer fed by a channel, and a reader
     // that dispatches triggers to sources and notifications to sinks.
     let coordinator_peer = cluster.coordinator.to_string();
-    let conn = protocol::connect(cluster.coordinator, CONNECT_WITHIN).await?;
-    let mut conn = framed(conn);
-    let proof = protocol::run_proof(&cfg.token, &cluster.run_id);
-    send(&mut conn, &ToCoordinator::Hello { worker: index, run_id: cluster.run_id.clone(), restored_from, proof: proof.clone() }, &coordinator_peer).await?;
+    let run_key = handshake::run_key(&cfg.token, &cluster.run_id);
+    let hello = ToCoordinator::Hello { worker: index, run_id: cluster.run_id.clone(), restored_from };
+    let conn = protocol::join_coordinator(cluster.coordinator, &run_key, &hello, CONNECT_WITHIN).await?;
     let (mut conn_tx, mut conn_rx) = conn.split::<bytes::Bytes>();
     let (to_coord, mut to_coord_rx) = mpsc::unbounded_channel::<ToCoordinator>();
     tokio::spawn(async move {
@@ -324,7 +324,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     let expected_remote = remote_routes.len();
     let (accepted_tx, mut accepted_rx) = mpsc::unbounded_channel::<Result<()>>();
     let input_schemas: Vec<_> = plan.stages.iter().map(|s| s.input_schema.clone()).collect();
-    tokio::spawn(accept_data(data_listener, cluster.run_id.clone(), proof.clone(), remote_routes, input_schemas, accepted_tx));
+    tokio::spawn(accept_data(data_listener, cluster.run_id.clone(), run_key.clone(), remote_routes, input_schemas, accepted_tx));
 
     // Why a data connection's writer gave up, when it was not the network: a
     // record it cannot encode fails the worker with that error, not with the
@@ -345,10 +345,10 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                     senders.push(tx);
                 } else {
                     let addr = cluster.workers[w as usize];
-                    let stream = protocol::connect(addr, CONNECT_WITHIN).await?;
+                    let mut stream = protocol::connect(addr, CONNECT_WITHIN).await?;
+                    let hello = Hello { run_id: cluster.run_id.clone(), stage: stage + 1, from: i, to: j };
+                    handshake::offer(&mut stream, &run_key, &encode_hello(&hello), &addr.to_string()).await?;
                     let mut out = FramedWrite::new(stream, codec());
-                    let hello = Hello { run_id: cluster.run_id.clone(), stage: stage + 1, from: i, to: j, proof: proof.clone() };
-                    out.send(encode_hello(&hello)).await.map_err(|e| Error::Network { peer: addr.to_string(), message: e.to_string() })?;
                     let (tx, mut rx) = mpsc::channel::<Message>(CHANNEL_CAPACITY);
                     let mut encoder = FrameEncoder::new(&schema)?;
                     let encode_failure = encode_failure.clone();
@@ -637,7 +637,7 @@ pub(crate) async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener> {
 async fn accept_data(
     listener: TcpListener,
     run_id: String,
-    proof: String,
+    run_key: ring::hmac::Key,
     routes: Routes,
     input_schemas: Vec<arrow::datatypes::SchemaRef>,
     accepted: mpsc::UnboundedSender<Result<()>>,
@@ -645,36 +645,29 @@ async fn accept_data(
     let input_schemas = Arc::new(input_schemas);
     let routes = Arc::new(Mutex::new(routes));
     loop {
-        let Ok((stream, peer)) = listener.accept().await else { continue };
+        let Ok((mut stream, peer)) = listener.accept().await else { continue };
         let _ = stream.set_nodelay(true);
         let routes = routes.clone();
         let accepted = accepted.clone();
         let run_id = run_id.clone();
-        let proof = proof.clone();
+        let run_key = run_key.clone();
         let input_schemas = input_schemas.clone();
         tokio::spawn(async move {
             let peer = peer.to_string();
-            let mut frames = FramedRead::new(stream, codec());
-            let hello = match frames.next().await {
-                Some(Ok(f)) => match decode_hello(&peer, &f) {
-                    Ok(h) => h,
-                    Err(e) => {
-                        tracing::warn!(%peer, error = %e, "rejected a data connection");
-                        return;
-                    }
-                },
-                _ => return,
+            // Proved before the channel is looked at: a stranger must not be
+            // able to fail the run by naming a channel that does not exist.
+            let hello = match handshake::accept(&mut stream, &run_key, &peer).await.and_then(|body| decode_hello(&peer, &body)) {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::warn!(%peer, error = %e, "rejected a data connection");
+                    return;
+                }
             };
             if hello.run_id != run_id {
                 tracing::warn!(%peer, "rejected a data connection of another run");
                 return;
             }
-            // Checked before the channel is looked at: a stranger must not be
-            // able to fail the run by naming a channel that does not exist.
-            if !protocol::proof_matches(&proof, &hello.proof) {
-                tracing::warn!(%peer, "rejected a data connection without this run's proof");
-                return;
-            }
+            let mut frames = FramedRead::new(stream, codec());
             let tx = routes.lock().ok().and_then(|mut r| r.remove(&(hello.stage, hello.to, hello.from)));
             let Some(tx) = tx else {
                 let _ = accepted.send(Err(Error::Protocol { peer, message: format!("unexpected channel {hello:?}") }));

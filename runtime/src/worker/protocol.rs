@@ -28,9 +28,6 @@ pub enum ToCoordinator {
         run_id: String,
         #[serde(default)]
         restored_from: Option<String>,
-        /// The run's proof (see [`run_proof`]).
-        #[serde(default)]
-        proof: String,
     },
     Ready,
     /// Every subtask of the worker is open: its state restored and its sink
@@ -72,22 +69,6 @@ pub enum ToWorker {
     /// The job was stopped with savepoint `savepoint_id` and ends here
     /// (local mode): stop processing, commit nothing more, exit 0.
     Stopped { savepoint_id: u64 },
-}
-
-/// Proof that a connection comes from a process of run `run_id`: HMAC-SHA256
-/// of the run id under the job's control token, which only the job's own
-/// pods (from its Secret) and the operator hold. Another job's pods, any
-/// other pod, and a process of an earlier run of this job cannot make it;
-/// the token itself never crosses the data network.
-pub fn run_proof(token: &str, run_id: &str) -> String {
-    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, token.as_bytes());
-    let tag = ring::hmac::sign(&key, format!("weir-run:{run_id}").as_bytes());
-    tag.as_ref().iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Compares proofs in constant time.
-pub fn proof_matches(expected: &str, given: &str) -> bool {
-    crate::control::constant_time_eq(expected.as_bytes(), given.as_bytes())
 }
 
 /// How long a peer on the control connection may send nothing before it
@@ -141,6 +122,16 @@ pub async fn recv<T: for<'de> Deserialize<'de>>(conn: &mut ControlStream, peer: 
             .map(Some)
             .map_err(|e| Error::Protocol { peer: peer.into(), message: format!("bad control message: {e}") }),
     }
+}
+
+/// Connects to the coordinator at `addr` as a process of the run that
+/// `key` belongs to (see `handshake`), and says hello.
+pub async fn join_coordinator(addr: SocketAddr, key: &ring::hmac::Key, hello: &ToCoordinator, within: std::time::Duration) -> Result<ControlStream> {
+    let peer = addr.to_string();
+    let mut stream = connect(addr, within).await?;
+    let body = serde_json::to_vec(hello).map_err(|e| Error::Protocol { peer: peer.clone(), message: e.to_string() })?;
+    super::handshake::offer(&mut stream, key, &body, &peer).await?;
+    Ok(framed(stream))
 }
 
 /// Connects, retrying while the peer is starting.

@@ -161,6 +161,10 @@ impl Pods {
         }
     }
 
+    fn pid(&self, i: usize) -> u32 {
+        self.children[i].as_ref().expect("a running worker").id()
+    }
+
     fn kill(&mut self, i: usize) -> ExitStatus {
         let mut child = self.children[i].take().unwrap();
         kill(child.id());
@@ -341,43 +345,77 @@ fn restoring_latest_from_storage_without_any_state_of_the_job_fails_when_state_i
     assert!(job.committed_lines().is_empty(), "the job started from scratch");
 }
 
-/// Only the run's own workers may open its data and coordinator connections:
-/// a stranger that knows the run id (it is in the pods' labels) but not the
-/// job's token is turned away before anything else it says is read, so it
-/// can neither feed records in nor fail the run, which goes on exactly once.
+/// Any pod of a cluster can reach a worker's data and coordinator ports. A
+/// stranger that knows the run id (it is in the pods' labels) but not the
+/// job's token is turned away before anything else it says is read: it can
+/// neither feed records in, nor fail the run, nor make a worker buffer what
+/// it sends, nor replay what a real worker said on another connection.
 #[test]
 fn a_stranger_on_the_data_and_coordinator_ports_is_turned_away_and_the_run_goes_on() {
-    use futures::SinkExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use weir_api::control::{COORDINATOR_PORT, DATA_PORT};
-    use weir_runtime::exchange::frame::{codec, encode_hello, Hello};
+    use weir_runtime::exchange::frame::{encode_hello, Hello};
+    use weir_runtime::worker::handshake::{offer, run_key};
     use weir_runtime::worker::protocol::ToCoordinator;
-    let job = Job::counting(2, 80_000, 17, 20_000, "100ms");
+    // 10 s of events: the job still runs when the strangers are done.
+    let job = Job::counting(2, 200_000, 17, 20_000, "100ms");
     let mut pods = Pods::start(&job, 12, "stranger-run", &[]);
     pods.put_membership("stranger-run");
     pods.wait_running(5_000);
+    let peak_before: Vec<u64> = (0..2).map(|i| peak_rss_kib(pods.pid(i))).collect();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let mut held = Vec::new();
         for ip in &pods.ips {
-            let stream = tokio::net::TcpStream::connect((*ip, DATA_PORT)).await.unwrap();
-            let mut conn = tokio_util::codec::Framed::new(stream, codec());
-            // A channel that does not exist: if it were read, it would fail the run.
-            let hello = Hello { run_id: "stranger-run".into(), stage: 7, from: 9, to: 9, proof: "00".repeat(32) };
-            conn.send(encode_hello(&hello)).await.unwrap();
-            held.push(conn);
+            // A channel that does not exist, under another token's key: if it
+            // were read, it would fail the run.
+            let mut stream = tokio::net::TcpStream::connect((*ip, DATA_PORT)).await.unwrap();
+            let hello = Hello { run_id: "stranger-run".into(), stage: 7, from: 9, to: 9 };
+            offer(&mut stream, &run_key("not-the-token", "stranger-run"), &encode_hello(&hello), "w").await.unwrap();
+            held.push(stream);
+            // Junk: a frame length of 256 MiB, then as many bytes as the
+            // worker takes within a second.
+            let mut stream = tokio::net::TcpStream::connect((*ip, DATA_PORT)).await.unwrap();
+            let _ = stream.write_all(&(256u32 << 20).to_be_bytes()).await;
+            let junk = vec![0xa5u8; 1 << 20];
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+            let mut sent = 0usize;
+            while let Ok(Ok(())) = tokio::time::timeout_at(deadline, stream.write_all(&junk)).await {
+                sent += junk.len();
+                if sent >= 256 << 20 {
+                    break;
+                }
+            }
+            // Silence: the worker drops it after its handshake timeout.
+            held.push(tokio::net::TcpStream::connect((*ip, DATA_PORT)).await.unwrap());
         }
-        let stream = tokio::net::TcpStream::connect((pods.ips[0], COORDINATOR_PORT)).await.unwrap();
-        let mut conn = tokio_util::codec::Framed::new(stream, codec());
-        let hello = ToCoordinator::Hello { worker: 1, run_id: "stranger-run".into(), restored_from: None, proof: "forged".into() };
-        conn.send(bytes::Bytes::from(serde_json::to_vec(&hello).unwrap())).await.unwrap();
-        held.push(conn);
+        let mut stream = tokio::net::TcpStream::connect((pods.ips[0], COORDINATOR_PORT)).await.unwrap();
+        let hello = ToCoordinator::Hello { worker: 1, run_id: "stranger-run".into(), restored_from: None };
+        offer(&mut stream, &run_key("not-the-token", "stranger-run"), &serde_json::to_vec(&hello).unwrap(), "c").await.unwrap();
+        // The coordinator hangs up: it reads nothing more from a stranger.
+        let mut rest = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut rest)).await;
+        assert!(rest.is_empty(), "the coordinator answered a stranger: {rest:?}");
         tokio::time::sleep(Duration::from_millis(500)).await;
+        drop(held);
     });
+    // What a worker holds for strangers stays small: the junk was not buffered.
+    for (i, before) in peak_before.iter().enumerate() {
+        let after = peak_rss_kib(pods.pid(i));
+        assert!(after < before + 64 * 1024, "worker {i}'s peak RSS went from {before} KiB to {after} KiB");
+    }
     pods.wait_finished();
     job.assert_exactly_once();
     let logs = pods.logs();
-    assert!(logs.contains("rejected a data connection without this run's proof"), "{logs}");
-    assert!(logs.contains("ignoring a connection without this run's proof"), "{logs}");
+    assert!(logs.contains("rejected a data connection") && logs.contains("without this run's proof"), "{logs}");
+    assert!(logs.contains("a hello of 268435456 bytes: expected at most"), "{logs}");
+    assert!(logs.contains("ignoring a connection to the coordinator"), "{logs}");
+}
+
+/// The peak resident set of process `pid` (VmHWM), in KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap()
 }
 
 #[test]
