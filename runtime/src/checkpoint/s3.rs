@@ -31,19 +31,45 @@ pub struct S3Settings {
     pub path_style: bool,
 }
 
+/// The variables AWS tools read an endpoint from, the S3-specific one first
+/// (as the AWS SDKs and CLI do); `AWS_ENDPOINT` is object_store's own.
+pub const ENDPOINT_VARIABLES: [&str; 3] = ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"];
+
+/// Checks an endpoint given by `setting` (a flag or a variable, which the
+/// message names so that the user knows what to change).
+fn validate_endpoint(e: &str, setting: &str) -> Result<(), String> {
+    let url = url::Url::parse(e).map_err(|err| format!("S3 endpoint ({setting}) {e:?} is not a URL: {err}"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return Err(format!("S3 endpoint ({setting}) {e:?}: expected http://HOST[:PORT] or https://HOST[:PORT]"));
+    }
+    if url.path() != "/" && !url.path().is_empty() {
+        return Err(format!("S3 endpoint ({setting}) {e:?} has a path; the bucket and prefix belong in the s3:// location"));
+    }
+    Ok(())
+}
+
 impl S3Settings {
+    /// Without an endpoint of weir's own, the one the standard AWS variables
+    /// name (see [`ENDPOINT_VARIABLES`]), so that a shell or pod set up for the
+    /// AWS CLI against MinIO works as it is. `var` reads the environment.
+    pub fn with_standard_endpoint(mut self, var: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        if self.endpoint.is_some() {
+            return Ok(self);
+        }
+        for name in ENDPOINT_VARIABLES {
+            if let Some(e) = var(name).filter(|e| !e.is_empty()) {
+                validate_endpoint(&e, name)?;
+                self.endpoint = Some(e);
+                break;
+            }
+        }
+        Ok(self)
+    }
+
     /// Checks the settings a user gave; the message names the flag's variable.
     pub fn validate(&self) -> Result<(), String> {
         if let Some(e) = &self.endpoint {
-            let url = url::Url::parse(e).map_err(|err| format!("S3 endpoint (--s3-endpoint / WEIR_S3_ENDPOINT) {e:?} is not a URL: {err}"))?;
-            if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
-                return Err(format!("S3 endpoint (--s3-endpoint / WEIR_S3_ENDPOINT) {e:?}: expected http://HOST[:PORT] or https://HOST[:PORT]"));
-            }
-            if url.path() != "/" && !url.path().is_empty() {
-                return Err(format!(
-                    "S3 endpoint (--s3-endpoint / WEIR_S3_ENDPOINT) {e:?} has a path; the bucket and prefix belong in the s3:// location"
-                ));
-            }
+            validate_endpoint(e, "--s3-endpoint / WEIR_S3_ENDPOINT")?;
         }
         if let Some(r) = &self.region {
             if r.is_empty() || !r.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
@@ -73,6 +99,7 @@ static SETTINGS: OnceLock<S3Settings> = OnceLock::new();
 /// calls it once, before it opens any location).
 pub fn configure(settings: S3Settings) -> Result<(), String> {
     settings.validate()?;
+    let settings = settings.with_standard_endpoint(|name| std::env::var(name).ok())?;
     let _ = SETTINGS.set(settings);
     Ok(())
 }
@@ -135,6 +162,25 @@ mod tests {
         }
         let ok = S3Settings { endpoint: Some("http://[::1]:9000".into()), region: Some("eu-west-1".into()), path_style: true };
         ok.validate().unwrap();
+    }
+
+    #[test]
+    fn the_standard_aws_endpoint_variables_are_used_s3_specific_first_and_weirs_own_wins() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| move |name: &str| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string());
+        let none = S3Settings::default();
+        let got = none.clone().with_standard_endpoint(env(&[("AWS_ENDPOINT_URL", "http://minio:9000"), ("AWS_ENDPOINT_URL_S3", "http://s3only:9000")])).unwrap();
+        assert_eq!(got.endpoint.as_deref(), Some("http://s3only:9000"));
+        let got = none.clone().with_standard_endpoint(env(&[("AWS_ENDPOINT", "http://old:9000"), ("AWS_ENDPOINT_URL_S3", "")])).unwrap();
+        assert_eq!(got.endpoint.as_deref(), Some("http://old:9000"));
+        let own = S3Settings { endpoint: Some("http://weir:9000".into()), ..Default::default() };
+        assert_eq!(own.clone().with_standard_endpoint(env(&[("AWS_ENDPOINT_URL", "http://minio:9000")])).unwrap(), own);
+        assert_eq!(none.clone().with_standard_endpoint(env(&[])).unwrap(), none);
+    }
+
+    #[test]
+    fn a_bad_standard_endpoint_variable_is_refused_naming_it() {
+        let err = S3Settings::default().with_standard_endpoint(|n| (n == "AWS_ENDPOINT_URL").then(|| "minio:9000".to_string())).unwrap_err();
+        assert!(err.contains("(AWS_ENDPOINT_URL)") && err.contains("expected http://HOST[:PORT]"), "{err}");
     }
 
     #[test]

@@ -167,6 +167,26 @@ fn an_s3_endpoint_that_is_not_a_url_is_refused_naming_the_setting() {
     assert!(stderr(&out).contains("--s3-endpoint"), "{}", stderr(&out));
 }
 
+#[test]
+fn the_endpoint_of_aws_endpoint_url_is_used_as_the_aws_cli_would() {
+    // A shell set up for the AWS CLI against MinIO: no weir setting at all.
+    let bucket = bucket();
+    let mut job = Job::counting(2, 20_000, 10, 0, "100ms").on_s3(&bucket);
+    for (k, _) in job.env.iter_mut().filter(|(k, _)| k == "WEIR_S3_ENDPOINT") {
+        *k = "AWS_ENDPOINT_URL".into();
+    }
+    let out = job.run(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    job.assert_exactly_once();
+    assert!(!snapshot_keys(&job, &bucket, "checkpoints").is_empty(), "no checkpoint in the bucket");
+
+    let mut bad = Job::counting(1, 1_000, 10, 0, "1s");
+    bad.env = vec![("AWS_ENDPOINT_URL".into(), "127.0.0.1:9000".into())];
+    let out = bad.weir(&["run", "pipeline.yaml", "--state-dir", "s3://b/p"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("S3 endpoint (AWS_ENDPOINT_URL) \"127.0.0.1:9000\""), "{}", stderr(&out));
+}
+
 // ---- Exactly-once output in S3 (files staged at the barrier, copied to their final names at checkpoint completion)
 
 /// The key a marker's upload writes to: the file's staging object.

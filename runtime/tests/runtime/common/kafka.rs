@@ -18,6 +18,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::message::Headers;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
@@ -241,6 +242,10 @@ impl Broker {
                 Some(Err(KafkaError::PartitionEOF(p))) => {
                     ended.insert(p);
                 }
+                // Connections a restarted broker dropped: librdkafka reconnects
+                // on its own, as it does for any consumer (the deadline above
+                // still bounds the read).
+                Some(Err(KafkaError::MessageConsumption(RDKafkaErrorCode::AllBrokersDown | RDKafkaErrorCode::BrokerTransportFailure))) => {}
                 Some(Err(e)) => panic!("reading {topic}: {e}"),
                 Some(Ok(m)) => {
                     ended.remove(&m.partition());
