@@ -10,6 +10,7 @@
 mod duration;
 pub mod kafka;
 mod locate;
+mod named;
 mod postgres_sink;
 mod sink;
 pub mod source;
@@ -19,10 +20,11 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-pub use duration::HumanDuration;
+pub use duration::{HumanDuration, SignedDuration};
 pub use kafka::{
     BadMessages, Isolation, KafkaSinkSpec, KafkaSourceSpec, StartPosition, StopPosition,
 };
+pub use named::Named;
 pub use postgres_sink::{PostgresMode, PostgresSinkSpec};
 pub use sink::{FileFormat, FileSinkSpec, Guarantee, SinkContract, SinkSpec};
 pub use source::{
