@@ -378,6 +378,14 @@ pub fn plan(spec: &PipelineSpec, src: &PipelineSource) -> Result<JobPlan> {
                     output_schema: schema.clone(),
                 });
             }
+            StepKind::Union
+            | StepKind::Broadcast
+            | StepKind::IntervalJoin(_)
+            | StepKind::WindowJoin(_)
+            | StepKind::Join(_)
+            | StepKind::LookupJoin(_) => {
+                return Err(invalid(format!("{} steps are not planned yet", step.kind.name())));
+            }
             kind => {
                 let key_fields = keys.clone().ok_or_else(|| invalid("expected a key_by step before a running aggregate".into()))?;
                 let mut key_indices = Vec::new();
@@ -498,5 +506,12 @@ mod tests {
     fn aggregating_a_string_field_is_rejected_with_the_type() {
         let err = plan_text("name: t\nsource:\n  file:\n    path: x\n    schema: {k: int64, s: string}\nsteps:\n  - key_by: k\n  - running_sum: {field: s}\nsink:\n  blackhole: {}\n").unwrap_err().to_string();
         assert!(err.contains("expected int64 or float64"), "{err}");
+    }
+
+    #[test]
+    fn the_steps_not_planned_yet_are_refused_naming_the_field() {
+        let text = "name: t\nsource:\n  generator: {}\nsteps:\n  - broadcast: {}\nsink:\n  blackhole: {}\n";
+        let err = plan_text(text).err().map(|e| e.to_string());
+        assert_eq!(err.as_deref(), Some("p.yaml:5: steps[0].broadcast: broadcast steps are not planned yet"));
     }
 }

@@ -8,6 +8,7 @@
 //! with the same location information.
 
 mod duration;
+mod join;
 pub mod kafka;
 mod locate;
 mod named;
@@ -31,8 +32,9 @@ pub use source::{
     BadLines, FieldType, FileSourceSpec, GeneratorSpec, SocketSourceSpec, SourceSpec,
 };
 pub use step::{
-    step_ids, AggregateSpec, SessionWindow, SlidingWindow, Step, StepKind, WindowAggregate,
-    WindowKind, WindowSpec,
+    step_ids, AggregateSpec, Arity, Between, IntervalJoinSpec, IntervalJoinType, JoinSpec, LookupCache,
+    LookupJoinSpec, LookupTable, Missing, SessionWindow, SlidingWindow, Step, StepKind, WindowAggregate,
+    WindowJoinSpec, WindowKind, WindowSpec,
 };
 
 /// Keyed state is split into this many key groups unless the pipeline says
@@ -341,11 +343,8 @@ impl PipelineSpec {
                 ),
             ));
         }
-        self.source.validate(src)?;
-        self.sink.validate(src)?;
-        if let SinkSpec::Kafka(k) = &self.sink {
-            k.validate(src, self.checkpoint.interval, self.checkpoint.timeout)?;
-        }
+        self.source.validate(src, "source")?;
+        self.sink.validate(src, "sink", &self.checkpoint)?;
         step::validate_steps(&self.steps, src)?;
         // Each late-records output needs a directory of its own: a sink
         // cleaning up after a failure takes the files of its job in its

@@ -312,3 +312,15 @@ fn an_unknown_postgres_mode_names_the_known_ones() {
     let err = parse("name: t\nsource:\n  generator: {}\nsink:\n  postgres:\n    connection: host=h\n    table: t\n    mode: eventually\n").unwrap_err().to_string();
     assert!(err.contains("two-phase-commit") && err.contains("upsert"), "{err}");
 }
+
+#[test]
+fn a_chain_refuses_the_steps_that_read_two_inputs_and_checks_the_settings_of_the_others() {
+    let err = parse("name: t\nsource:\n  generator: {}\nsteps:\n  - union: {}\nsink:\n  blackhole: {}\n").unwrap_err().to_string();
+    assert_eq!(err, "test.yaml:5: steps[0].union: union takes at least two inputs, but a chain's steps each read one, the step before them: write the pipeline as a graph (`sources:`, `steps:` with `name` and `input`, `sinks:`)");
+    let lookup = |cache: &str| parse(&format!("name: t\nsource:\n  generator: {{}}\nsteps:\n  - lookup_join:\n      on: key\n      postgres: {{connection: host=h, table: t, key: [id], columns: {{n: string}}}}\n      cache: {cache}\nsink:\n  blackhole: {{}}\n"));
+    let spec = lookup("{max_rows: 9, ttl: 1s}").unwrap();
+    assert_eq!(step_ids(&spec.steps), ["lookup_join-0"]);
+    assert_eq!(parse(&serde_yaml::to_string(&spec).unwrap()).unwrap(), spec);
+    let err = lookup("{max_rows: 0, ttl: 1s}").unwrap_err().to_string();
+    assert_eq!(err, "test.yaml:8: steps[0].lookup_join.cache.max_rows: expected at least 1");
+}
