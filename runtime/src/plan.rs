@@ -221,8 +221,11 @@ pub fn source_schema(spec: &SourceSpec) -> SchemaRef {
 
 /// Plans a parsed pipeline; errors point at the step's line through `src`.
 pub fn plan(spec: &PipelineSpec, src: &PipelineSource) -> Result<JobPlan> {
+    let Some(chain) = spec.chain() else {
+        return Err(Error::Pipeline(src.invalid("sources", "graph pipelines are not planned yet")));
+    };
     let mut stages = Vec::new();
-    let mut schema = source_schema(&spec.source);
+    let mut schema = source_schema(chain.source);
     let mut stage_input = schema.clone();
     let mut operators: Vec<OperatorPlan> = Vec::new();
     let mut keys: Option<Vec<String>> = None;
@@ -513,5 +516,12 @@ mod tests {
         let text = "name: t\nsource:\n  generator: {}\nsteps:\n  - broadcast: {}\nsink:\n  blackhole: {}\n";
         let err = plan_text(text).err().map(|e| e.to_string());
         assert_eq!(err.as_deref(), Some("p.yaml:5: steps[0].broadcast: broadcast steps are not planned yet"));
+    }
+
+    #[test]
+    fn a_graph_is_refused_naming_the_field() {
+        let text = "name: t\nsources:\n  a:\n    generator: {}\nsteps:\n  - {name: f, input: a, filter: value > 3}\nsinks:\n  out:\n    input: f\n    blackhole: {}\n";
+        let err = plan_text(text).err().map(|e| e.to_string());
+        assert_eq!(err.as_deref(), Some("p.yaml:2: sources: graph pipelines are not planned yet"));
     }
 }

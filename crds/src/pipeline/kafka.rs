@@ -374,9 +374,9 @@ mod tests {
     #[test]
     fn unwritten_settings_default_to_exactly_once_read_committed_and_failing_on_bad_messages() {
         let spec = parse("", "").unwrap();
-        let SourceSpec::Kafka(source) = &spec.source else { panic!("not a kafka source") };
+        let SourceSpec::Kafka(source) = spec.source.as_ref().unwrap() else { panic!("not a kafka source") };
         assert_eq!((source.start, source.stop, source.isolation, source.bad_messages), (StartPosition::Earliest, StopPosition::Never, Isolation::ReadCommitted, BadMessages::Fail));
-        let SinkSpec::Kafka(sink) = &spec.sink else { panic!("not a kafka sink") };
+        let SinkSpec::Kafka(sink) = spec.sink.as_ref().unwrap() else { panic!("not a kafka sink") };
         assert_eq!(sink.guarantee, Guarantee::ExactlyOnce);
         assert_eq!(sink.transaction_timeout.get().as_secs(), 600);
         assert_eq!(sink.progress_topic, "weir-sink-progress");

@@ -1,5 +1,6 @@
 //! The checks of a step's own settings, shared by both forms, and the checks
-//! of a chain's steps (which read one another in order).
+//! of a chain's steps (which read one another in order). A graph's
+//! structure is checked in `graph/check.rs`.
 //!
 //! A chain's messages are the ones it has always had; in a graph the same
 //! checks start their message with the step's name, because a graph's

@@ -15,7 +15,7 @@ mod yaml;
 use serde::{Deserialize, Serialize};
 
 pub(super) use yaml::{one_or_many, some_one_or_many};
-pub(super) use check::{check_window_shape, validate_steps, who};
+pub(super) use check::{check_kind, check_window_shape, validate_steps, who};
 pub use super::join::{
     Between, IntervalJoinSpec, IntervalJoinType, JoinSpec, LookupCache, LookupJoinSpec, LookupTable, Missing, WindowJoinSpec,
 };
