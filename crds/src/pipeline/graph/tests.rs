@@ -167,6 +167,16 @@ fn the_topological_order_reads_inputs_first_and_breaks_ties_by_name() {
 }
 
 #[test]
+fn the_readme_graph_example_parses_and_validates() {
+    let readme = include_str!("../../../../README.md");
+    let start = readme.find("name: evens-and-odds").expect("the README has a graph example");
+    let block = &readme[start..start + readme[start..].find("```").expect("the example's block ends")];
+    let text: String = block.lines().map(|l| format!("{}\n", l.strip_prefix("    ").unwrap_or(l))).collect();
+    let graph = parse(&text).unwrap().graph();
+    assert_eq!(graph.sinks[0].inputs, ["counts"]);
+}
+
+#[test]
 fn a_graph_pipeline_round_trips_through_yaml() {
     let spec = parse(DESIGN_EXAMPLE).unwrap();
     let text = serde_yaml::to_string(&spec).unwrap();
