@@ -49,6 +49,15 @@ fn context() -> (Arc<Context>, Handle) {
 }
 
 fn job(finalizer: bool, status: Option<Value>) -> StreamJob {
+    with_pipeline(finalizer, status, json!({
+        "name": "j",
+        "source": {"generator": {"events": 100, "keys": 10}},
+        "steps": [{"key_by": "key"}, {"running_count": "count"}],
+        "sink": {"file": {"path": "out", "format": "jsonl"}}
+    }))
+}
+
+fn with_pipeline(finalizer: bool, status: Option<Value>, pipeline: Value) -> StreamJob {
     let mut j = json!({
         "apiVersion": "weir.dev/v1alpha1",
         "kind": "StreamJob",
@@ -57,12 +66,7 @@ fn job(finalizer: bool, status: Option<Value>) -> StreamJob {
             "image": "weir",
             "parallelism": 2,
             "checkpoint": {"storage": "file:///var/lib/weir/checkpoints"},
-            "pipeline": {
-                "name": "j",
-                "source": {"generator": {"events": 100, "keys": 10}},
-                "steps": [{"key_by": "key"}, {"running_count": "count"}],
-                "sink": {"file": {"path": "out", "format": "jsonl"}}
-            },
+            "pipeline": pipeline,
             "podTemplate": {"spec": {
                 "volumes": [{"name": "weir-data", "persistentVolumeClaim": {"claimName": "weir-data"}}],
                 "containers": [{"name": "worker", "volumeMounts": [{"name": "weir-data", "mountPath": "/var/lib/weir"}]}]
@@ -122,6 +126,33 @@ async fn status_says_deploying_before_any_pod_is_created() {
     weir_controller::reconcile::reconcile(Arc::new(job(true, None)), ctx).await.unwrap();
     let mut handle = server.await.unwrap();
     assert!(futures::poll!(Box::pin(handle.next_request())).is_pending(), "no object is created in the step that decides the run");
+}
+
+#[tokio::test]
+async fn a_cyclic_graph_gets_its_error_in_status_and_no_pod_is_created() {
+    let (ctx, mut handle) = context();
+    let cyclic = json!({
+        "name": "j",
+        "sources": {"gen": {"generator": {"events": 100, "keys": 10}}},
+        "steps": [
+            {"name": "a", "input": ["gen", "b"], "union": {}},
+            {"name": "b", "input": "a", "filter": "value > 1"}
+        ],
+        "sinks": {"out": {"input": "a", "file": {"path": "out"}}}
+    });
+    let j = with_pipeline(true, None, cyclic);
+    let server = tokio::spawn(async move {
+        expect(&mut handle, "GET", "/api/v1/namespaces/jobs/pods", 200, empty_pods()).await;
+        let sent = expect(&mut handle, "PATCH", "/streamjobs/j/status", 200, serde_json::to_value(job(true, None)).unwrap()).await;
+        assert_eq!(sent["status"]["phase"], "Failed");
+        let message = sent["status"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("steps[0].input[1]: `a` → `b` → `a` is a cycle"), "{message}");
+        expect(&mut handle, "POST", "/apis/events.k8s.io/v1/namespaces/jobs/events", 201, json!({})).await;
+        handle
+    });
+    weir_controller::reconcile::reconcile(Arc::new(j), ctx).await.unwrap();
+    let mut handle = server.await.unwrap();
+    assert!(futures::poll!(Box::pin(handle.next_request())).is_pending(), "no pod, Service or ConfigMap is created");
 }
 
 /// The next request, answered by `answer(method, path)` (status, body);

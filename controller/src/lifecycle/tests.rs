@@ -206,6 +206,44 @@ fn an_invalid_pipeline_is_reported_in_status_and_an_event_not_deployed() {
     assert!(d.notes.is_empty());
 }
 
+/// The builder's job with its pipeline written as a graph: `steps` between
+/// the source `gen` and the file sink `out`.
+fn graph_job(steps: serde_json::Value, sink_input: &str) -> StreamJob {
+    let pipeline = serde_json::json!({
+        "name": "j",
+        "sources": {"gen": {"generator": {"events": 1000, "keys": 10}}},
+        "steps": steps,
+        "sinks": {"out": {"input": sink_input, "file": {"path": "out"}}},
+    });
+    JobBuilder::new("j").spec(|s| s.pipeline.0 = pipeline).build()
+}
+
+#[test]
+fn a_cyclic_graph_is_reported_in_status_and_an_event_not_deployed() {
+    let steps = serde_json::json!([
+        {"name": "evens", "input": ["gen", "odds"], "union": {}},
+        {"name": "odds", "input": "evens", "filter": "value % 2 = 1"},
+    ]);
+    let mut w = World::new(graph_job(steps, "evens"));
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Failed));
+    assert!(d.effects.is_empty(), "nothing is created: {:?}", d.effects);
+    let msg = d.status.message.unwrap();
+    assert!(msg.contains("steps[0].input[1]: `evens` → `odds` → `evens` is a cycle: the steps of a pipeline form a DAG"), "{msg}");
+    assert!(d.notes.iter().any(|n| n.warning && n.reason == "InvalidSpec"));
+}
+
+#[test]
+fn a_valid_graph_is_refused_until_the_runtime_plans_graphs() {
+    let steps = serde_json::json!([{"name": "big", "input": "gen", "filter": "value > 3"}]);
+    let mut w = World::new(graph_job(steps, "big"));
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Failed));
+    assert!(d.effects.is_empty());
+    let msg = d.status.message.unwrap();
+    assert!(msg.contains("spec.pipeline: sources: graph pipelines are not planned yet"), "{msg}");
+}
+
 #[test]
 fn a_failed_worker_restores_the_whole_job_from_the_latest_checkpoint_after_a_backoff() {
     let mut w = World::running(JobBuilder::new("j").build());

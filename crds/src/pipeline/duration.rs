@@ -88,6 +88,49 @@ impl schemars::JsonSchema for HumanDuration {
     }
 }
 
+/// A duration that may be negative (`-5s`), for bounds relative to a
+/// record's time such as an interval join's `between: {lower: -5s, upper: 1h}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SignedDuration {
+    pub negative: bool,
+    pub magnitude: HumanDuration,
+}
+
+impl SignedDuration {
+    /// The duration in milliseconds, below 0 when negative.
+    pub fn millis(self) -> i64 {
+        let ms = self.magnitude.get().as_millis() as i64;
+        if self.negative { -ms } else { ms }
+    }
+
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text.trim().strip_prefix('-') {
+            Some(rest) => Ok(SignedDuration { negative: true, magnitude: HumanDuration::parse(rest)? }),
+            None => Ok(SignedDuration { negative: false, magnitude: HumanDuration::parse(text)? }),
+        }
+    }
+}
+
+impl fmt::Display for SignedDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sign = if self.negative && !self.magnitude.is_zero() { "-" } else { "" };
+        write!(f, "{sign}{}", self.magnitude)
+    }
+}
+
+impl Serialize for SignedDuration {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for SignedDuration {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        SignedDuration::parse(&text).map_err(de::Error::custom)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,6 +149,15 @@ mod tests {
         assert!(err.contains("no unit"), "{err}");
         let err = HumanDuration::parse("5 parsecs").unwrap_err();
         assert!(err.contains("unknown unit"), "{err}");
+    }
+
+    #[test]
+    fn a_signed_duration_reads_and_writes_its_sign() {
+        let d = SignedDuration::parse("-1.5s").unwrap();
+        assert_eq!((d.millis(), d.to_string()), (-1500, "-1500ms".to_string()));
+        assert_eq!(SignedDuration::parse("2m").unwrap().millis(), 120_000);
+        assert_eq!(SignedDuration::parse("-0s").unwrap().to_string(), "0s");
+        assert!(SignedDuration::parse("--1s").is_err());
     }
 
     #[test]

@@ -280,60 +280,61 @@ fn validate_topic(src: &PipelineSource, field: &str, topic: &str) -> Result<(), 
 }
 
 impl KafkaSourceSpec {
-    pub(super) fn validate(&self, src: &PipelineSource) -> Result<(), PipelineError> {
-        validate_address(src, "source.kafka", &self.bootstrap_servers)?;
-        validate_topic(src, "source.kafka.topic", &self.topic)?;
+    /// `at` is the source's path (`source`, `sources.orders`).
+    pub(super) fn validate(&self, src: &PipelineSource, at: &str) -> Result<(), PipelineError> {
+        validate_address(src, &format!("{at}.kafka"), &self.bootstrap_servers)?;
+        validate_topic(src, &format!("{at}.kafka.topic"), &self.topic)?;
         if self.schema.0.is_empty() {
-            return Err(src.invalid("source.kafka.schema", "expected at least one field, e.g. `schema: {id: int64, name: string}`"));
+            return Err(src.invalid(&format!("{at}.kafka.schema"), "expected at least one field, e.g. `schema: {id: int64, name: string}`"));
         }
         if self.batch_size == 0 {
-            return Err(src.invalid("source.kafka.batch_size", "expected at least 1"));
+            return Err(src.invalid(&format!("{at}.kafka.batch_size"), "expected at least 1"));
         }
         match (self.bad_messages, &self.dead_letter_topic) {
             (BadMessages::DeadLetter, Some(topic)) => {
-                validate_topic(src, "source.kafka.dead_letter_topic", topic)?;
+                validate_topic(src, &format!("{at}.kafka.dead_letter_topic"), topic)?;
                 if *topic == self.topic {
-                    return Err(src.invalid("source.kafka.dead_letter_topic", "expected another topic than the one read"));
+                    return Err(src.invalid(&format!("{at}.kafka.dead_letter_topic"), "expected another topic than the one read"));
                 }
             }
             (BadMessages::DeadLetter, None) => {
-                return Err(src.invalid("source.kafka.dead_letter_topic", "`bad_messages: dead_letter` needs the topic to copy bad messages to"))
+                return Err(src.invalid(&format!("{at}.kafka.dead_letter_topic"), "`bad_messages: dead_letter` needs the topic to copy bad messages to"))
             }
             (_, Some(_)) => {
-                return Err(src.invalid("source.kafka.dead_letter_topic", "is only used with `bad_messages: dead_letter`"));
+                return Err(src.invalid(&format!("{at}.kafka.dead_letter_topic"), "is only used with `bad_messages: dead_letter`"));
             }
             (_, None) => {}
         }
         match (self.start, self.start_timestamp) {
             (StartPosition::Timestamp, Some(t)) if t >= 0 => {}
             (StartPosition::Timestamp, Some(_)) => {
-                return Err(src.invalid("source.kafka.start_timestamp", "expected milliseconds since the Unix epoch, at least 0"));
+                return Err(src.invalid(&format!("{at}.kafka.start_timestamp"), "expected milliseconds since the Unix epoch, at least 0"));
             }
             (StartPosition::Timestamp, None) => {
-                return Err(src.invalid("source.kafka.start_timestamp", "`start: timestamp` needs the time to start at, in milliseconds since the Unix epoch"));
+                return Err(src.invalid(&format!("{at}.kafka.start_timestamp"), "`start: timestamp` needs the time to start at, in milliseconds since the Unix epoch"));
             }
-            (_, Some(_)) => return Err(src.invalid("source.kafka.start_timestamp", "is only used with `start: timestamp`")),
+            (_, Some(_)) => return Err(src.invalid(&format!("{at}.kafka.start_timestamp"), "is only used with `start: timestamp`")),
             (_, None) => {}
         }
-        validate_properties(src, "source.kafka", &self.properties, &self.properties_from_env, SOURCE_OWNED)
+        validate_properties(src, &format!("{at}.kafka"), &self.properties, &self.properties_from_env, SOURCE_OWNED)
     }
 }
 
 impl KafkaSinkSpec {
     /// `checkpoint_interval` and `checkpoint_timeout` bound how long a
     /// transaction stays open.
-    pub(super) fn validate(&self, src: &PipelineSource, checkpoint_interval: HumanDuration, checkpoint_timeout: HumanDuration) -> Result<(), PipelineError> {
-        validate_address(src, "sink.kafka", &self.bootstrap_servers)?;
-        validate_topic(src, "sink.kafka.topic", &self.topic)?;
-        validate_topic(src, "sink.kafka.progress_topic", &self.progress_topic)?;
+    pub(super) fn validate(&self, src: &PipelineSource, at: &str, checkpoint_interval: HumanDuration, checkpoint_timeout: HumanDuration) -> Result<(), PipelineError> {
+        validate_address(src, &format!("{at}.kafka"), &self.bootstrap_servers)?;
+        validate_topic(src, &format!("{at}.kafka.topic"), &self.topic)?;
+        validate_topic(src, &format!("{at}.kafka.progress_topic"), &self.progress_topic)?;
         if self.progress_topic == self.topic {
-            return Err(src.invalid("sink.kafka.progress_topic", "expected another topic than the output topic"));
+            return Err(src.invalid(&format!("{at}.kafka.progress_topic"), "expected another topic than the output topic"));
         }
         if self.guarantee == Guarantee::AtMostOnce {
-            return Err(src.invalid("sink.kafka.guarantee", "expected exactly-once or at-least-once"));
+            return Err(src.invalid(&format!("{at}.kafka.guarantee"), "expected exactly-once or at-least-once"));
         }
         if self.key.as_deref() == Some("") {
-            return Err(src.invalid("sink.kafka.key", "expected a field name"));
+            return Err(src.invalid(&format!("{at}.kafka.key"), "expected a field name"));
         }
         // A transaction opens at one barrier and commits when the next
         // checkpoint completes: that one is triggered up to an interval (or
@@ -344,7 +345,7 @@ impl KafkaSinkSpec {
         let open = checkpoint_interval.get().max(checkpoint_timeout.get()) + checkpoint_timeout.get();
         if self.guarantee == Guarantee::ExactlyOnce && self.transaction_timeout.get() <= open {
             return Err(src.invalid(
-                "sink.kafka.transaction_timeout",
+                &format!("{at}.kafka.transaction_timeout"),
                 format!(
                     "{} is not longer than the longer of checkpoint.interval ({checkpoint_interval}) and checkpoint.timeout ({checkpoint_timeout}), \
                      plus checkpoint.timeout: the broker would abort a transaction before its checkpoint can complete. Raise transaction_timeout \
@@ -354,9 +355,9 @@ impl KafkaSinkSpec {
             ));
         }
         if self.transaction_timeout.get().as_millis() > i32::MAX as u128 {
-            return Err(src.invalid("sink.kafka.transaction_timeout", "expected at most 24 days (Kafka keeps it in 32-bit milliseconds)"));
+            return Err(src.invalid(&format!("{at}.kafka.transaction_timeout"), "expected at most 24 days (Kafka keeps it in 32-bit milliseconds)"));
         }
-        validate_properties(src, "sink.kafka", &self.properties, &self.properties_from_env, SINK_OWNED)
+        validate_properties(src, &format!("{at}.kafka"), &self.properties, &self.properties_from_env, SINK_OWNED)
     }
 }
 
@@ -373,9 +374,9 @@ mod tests {
     #[test]
     fn unwritten_settings_default_to_exactly_once_read_committed_and_failing_on_bad_messages() {
         let spec = parse("", "").unwrap();
-        let SourceSpec::Kafka(source) = &spec.source else { panic!("not a kafka source") };
+        let SourceSpec::Kafka(source) = spec.source.as_ref().unwrap() else { panic!("not a kafka source") };
         assert_eq!((source.start, source.stop, source.isolation, source.bad_messages), (StartPosition::Earliest, StopPosition::Never, Isolation::ReadCommitted, BadMessages::Fail));
-        let SinkSpec::Kafka(sink) = &spec.sink else { panic!("not a kafka sink") };
+        let SinkSpec::Kafka(sink) = spec.sink.as_ref().unwrap() else { panic!("not a kafka sink") };
         assert_eq!(sink.guarantee, Guarantee::ExactlyOnce);
         assert_eq!(sink.transaction_timeout.get().as_secs(), 600);
         assert_eq!(sink.progress_topic, "weir-sink-progress");

@@ -1,5 +1,7 @@
 //! The pipeline format: a source, a list of steps, a sink, parallelism and
-//! checkpoint settings, written in YAML.
+//! checkpoint settings, written in YAML. A pipeline is written either as a
+//! chain (`source:`, `steps:`, `sink:`) or as a graph (`sources:` and `sinks:`
+//! by name, steps naming their inputs); `graph.rs` reduces both to one form.
 //!
 //! Parsing is strict: unknown fields are rejected, and every error names the
 //! file, the line and the field, and says what was expected. Checks that need
@@ -8,8 +10,13 @@
 //! with the same location information.
 
 mod duration;
+mod graph;
+mod guarantee;
+mod join;
 pub mod kafka;
 mod locate;
+mod named;
+mod nodes;
 mod postgres_sink;
 mod sink;
 pub mod source;
@@ -19,7 +26,10 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-pub use duration::HumanDuration;
+pub use duration::{HumanDuration, SignedDuration};
+pub use graph::{Node, NodeRef, PipelineGraph};
+pub use named::Named;
+pub use nodes::{SinkNode, SourceNode};
 pub use kafka::{
     BadMessages, Isolation, KafkaSinkSpec, KafkaSourceSpec, StartPosition, StopPosition,
 };
@@ -29,8 +39,9 @@ pub use source::{
     BadLines, FieldType, FileSourceSpec, GeneratorSpec, SocketSourceSpec, SourceSpec,
 };
 pub use step::{
-    step_ids, AggregateSpec, SessionWindow, SlidingWindow, Step, StepKind, WindowAggregate,
-    WindowKind, WindowSpec,
+    step_ids, AggregateSpec, Arity, Between, IntervalJoinSpec, IntervalJoinType, JoinSpec, LookupCache,
+    LookupJoinSpec, LookupTable, Missing, SessionWindow, SlidingWindow, Step, StepKind, WindowAggregate,
+    WindowJoinSpec, WindowKind, WindowSpec,
 };
 
 /// Keyed state is split into this many key groups unless the pipeline says
@@ -38,7 +49,10 @@ pub use step::{
 /// is fixed for the life of a job (it decides which key lives in which group).
 pub const DEFAULT_MAX_PARALLELISM: u32 = 128;
 
-/// The whole pipeline, as written by the user.
+/// The whole pipeline, as written by the user: a chain (`source`, `steps`,
+/// `sink`) or a graph (`sources`, `steps` with names and inputs, `sinks`).
+/// Read it through [`PipelineSpec::graph`], or [`PipelineSpec::chain`]
+/// where only the chain form is supported yet.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineSpec {
@@ -63,17 +77,35 @@ pub struct PipelineSpec {
     #[serde(default)]
     pub checkpoint: CheckpointSpec,
     /// Event time: which source field holds each record's time, and how
-    /// watermarks follow it. Windows need it.
+    /// watermarks follow it. Windows need it. A chain's only: a graph's
+    /// sources each have their own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub event_time: Option<EventTimeSpec>,
-    #[serde(with = "serde_yaml::with::singleton_map")]
-    #[schemars(with = "SourceSpec")]
-    pub source: SourceSpec,
+    /// A chain's one source.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "serde_yaml::with::singleton_map")]
+    #[schemars(with = "Option<SourceSpec>")]
+    pub source: Option<SourceSpec>,
+    /// A graph's sources by name: one connector key each, and an optional `event_time`.
+    #[serde(default, skip_serializing_if = "Named::is_empty")]
+    pub sources: Named<SourceNode>,
+    /// A chain's steps in order, or a graph's steps, each with a `name` and its `input`.
     #[serde(default)]
     pub steps: Vec<Step>,
-    #[serde(with = "serde_yaml::with::singleton_map")]
-    #[schemars(with = "SinkSpec")]
-    pub sink: SinkSpec,
+    /// A chain's one sink.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "serde_yaml::with::singleton_map")]
+    #[schemars(with = "Option<SinkSpec>")]
+    pub sink: Option<SinkSpec>,
+    /// A graph's sinks by name: `input` (the source or step written) and one connector key each.
+    #[serde(default, skip_serializing_if = "Named::is_empty")]
+    pub sinks: Named<SinkNode>,
+}
+
+/// The parts of a pipeline written as a chain.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Chain<'a> {
+    pub source: &'a SourceSpec,
+    pub steps: &'a [Step],
+    pub sink: &'a SinkSpec,
 }
 
 fn default_parallelism() -> u32 {
@@ -323,6 +355,7 @@ impl PipelineSpec {
                 "applies to `mode: aligned` only (aligned checkpoints that switch to unaligned after it); `mode: unaligned` never aligns",
             ));
         }
+        graph::check_form(self, src)?;
         if self.checkpoint.unaligned_after().is_some() && self.guarantee() != Guarantee::ExactlyOnce
         {
             let field = if self.checkpoint.mode == CheckpointMode::Unaligned {
@@ -339,21 +372,26 @@ impl PipelineSpec {
                 ),
             ));
         }
-        self.source.validate(src)?;
-        self.sink.validate(src)?;
-        if let SinkSpec::Kafka(k) = &self.sink {
-            k.validate(src, self.checkpoint.interval, self.checkpoint.timeout)?;
+        match self.chain() {
+            Some(chain) => self.validate_chain(chain, src),
+            None => self.validate_graph(src),
         }
-        step::validate_steps(&self.steps, src)?;
+    }
+
+    /// The checks of the chain form, with the messages they have always had.
+    fn validate_chain(&self, chain: Chain, src: &PipelineSource) -> Result<(), PipelineError> {
+        chain.source.validate(src, "source")?;
+        chain.sink.validate(src, "sink", &self.checkpoint)?;
+        step::validate_steps(chain.steps, src)?;
         // Each late-records output needs a directory of its own: a sink
         // cleaning up after a failure takes the files of its job in its
         // directory for its own.
         let same = |p: &str| p.trim_start_matches("./").trim_end_matches('/').to_string();
         let mut outputs: Vec<(String, String)> = Vec::new();
-        if let SinkSpec::File(f) = &self.sink {
+        if let SinkSpec::File(f) = chain.sink {
             outputs.push((same(&f.path), "sink.file.path".into()));
         }
-        for (i, s) in self.steps.iter().enumerate() {
+        for (i, s) in chain.steps.iter().enumerate() {
             if let StepKind::Window(WindowSpec { late_records: Some(late), .. }) = &s.kind {
                 let field = format!("steps[{i}].window.late_records.path");
                 if let Some((_, other)) = outputs.iter().find(|(o, _)| *o == same(&late.path)) {
@@ -362,11 +400,7 @@ impl PipelineSpec {
                 outputs.push((same(&late.path), field));
             }
         }
-        if let Some(i) = self
-            .steps
-            .iter()
-            .position(|s| matches!(s.kind, StepKind::Window(_)))
-        {
+        if let Some(i) = chain.steps.iter().position(|s| matches!(s.kind, StepKind::Window(_))) {
             if self.event_time.is_none() {
                 return Err(src.invalid(
                     &format!("steps[{i}].window"),
@@ -377,39 +411,19 @@ impl PipelineSpec {
         Ok(())
     }
 
-    /// The weakest guarantee of the job's setting, its source and its sink:
-    /// what the job can promise.
-    pub fn guarantee(&self) -> Guarantee {
-        self.guarantee_and_reason().0
+    /// Whether the pipeline is written as a graph (`sources:` or `sinks:`).
+    pub fn is_graph(&self) -> bool {
+        !self.sources.is_empty() || !self.sinks.is_empty()
     }
 
-    /// [`PipelineSpec::guarantee`] and what sets it, in words for the
-    /// job's status: the part that weakens it, or that all parts allow it.
-    pub fn guarantee_and_reason(&self) -> (Guarantee, String) {
-        let source = if self.source.replayable() {
-            Guarantee::ExactlyOnce
-        } else {
-            Guarantee::AtMostOnce
-        };
-        let sink = self.sink.guarantee();
-        let effective = self.guarantee.min(source).min(sink);
-        let reason = if effective == Guarantee::ExactlyOnce {
-            format!(
-                "the job asks for exactly-once, its source replays from checkpoints and its {} sink {}",
-                self.sink.kind(),
-                self.sink.contract().describe()
-            )
-        } else if source == effective {
-            format!(
-                "the {} source cannot replay what it read before a failure",
-                self.source.kind()
-            )
-        } else if self.guarantee == effective {
-            format!("the job's `guarantee` setting asks for {effective}")
-        } else {
-            format!("the {} sink is {effective}: it {}", self.sink.kind(), self.sink.contract().describe())
-        };
-        (effective, reason)
+    /// The source, steps and sink of a pipeline written as a chain; `None`
+    /// for a graph (or a chain missing its source or sink, which
+    /// validation refuses).
+    pub fn chain(&self) -> Option<Chain<'_>> {
+        match (&self.source, &self.sink) {
+            (Some(source), Some(sink)) if !self.is_graph() => Some(Chain { source, steps: &self.steps, sink }),
+            _ => None,
+        }
     }
 }
 

@@ -67,33 +67,47 @@ impl std::fmt::Display for PostgresMode {
 }
 
 impl PostgresSinkSpec {
-    pub(super) fn validate(&self, src: &PipelineSource) -> Result<(), PipelineError> {
-        let connection = self.connection.trim();
-        if connection.is_empty() {
-            return Err(src.invalid("sink.postgres.connection", "expected `host=H port=P dbname=D user=U` or `postgresql://U@H:P/D`"));
-        }
-        if has_password(connection) {
-            return Err(src.invalid(
-                "sink.postgres.connection",
-                "contains a password: expected none here; set the environment variable PGPASSWORD instead (on Kubernetes from a Secret), so that it is in no file or message",
-            ));
-        }
-        let parts: Vec<&str> = self.table.split('.').collect();
-        if parts.len() > 2 || parts.iter().any(|p| p.is_empty()) {
-            return Err(src.invalid("sink.postgres.table", format!("{:?}: expected NAME or SCHEMA.NAME", self.table)));
-        }
+    /// Checks the sink's settings; `at` is the sink's path (`sink`, `sinks.audit`).
+    pub(super) fn validate(&self, src: &PipelineSource, at: &str) -> Result<(), PipelineError> {
+        check_connection(src, &format!("{at}.postgres.connection"), &self.connection)?;
+        check_table(src, &format!("{at}.postgres.table"), &self.table)?;
         match self.mode {
             PostgresMode::Upsert if self.key.is_empty() => Err(src.invalid(
-                "sink.postgres.key",
+                &format!("{at}.postgres.key"),
                 "upsert needs the columns of the table's primary key or of a unique constraint, e.g. `key: [id]`",
             )),
             PostgresMode::TwoPhaseCommit | PostgresMode::WriteAheadLog if !self.key.is_empty() => Err(src.invalid(
-                "sink.postgres.key",
+                &format!("{at}.postgres.key"),
                 "only `mode: upsert` uses a key; remove it, or set `mode: upsert`",
             )),
             _ => Ok(()),
         }
     }
+}
+
+/// A libpq connection string without a password (the sink's and a lookup
+/// join's): the password comes from `PGPASSWORD`, so it is in no file or message.
+pub(super) fn check_connection(src: &PipelineSource, field: &str, connection: &str) -> Result<(), PipelineError> {
+    let connection = connection.trim();
+    if connection.is_empty() {
+        return Err(src.invalid(field, "expected `host=H port=P dbname=D user=U` or `postgresql://U@H:P/D`"));
+    }
+    if has_password(connection) {
+        return Err(src.invalid(
+            field,
+            "contains a password: expected none here; set the environment variable PGPASSWORD instead (on Kubernetes from a Secret), so that it is in no file or message",
+        ));
+    }
+    Ok(())
+}
+
+/// `NAME` or `SCHEMA.NAME`.
+pub(super) fn check_table(src: &PipelineSource, field: &str, table: &str) -> Result<(), PipelineError> {
+    let parts: Vec<&str> = table.split('.').collect();
+    if parts.len() > 2 || parts.iter().any(|p| p.is_empty()) {
+        return Err(src.invalid(field, format!("{table:?}: expected NAME or SCHEMA.NAME")));
+    }
+    Ok(())
 }
 
 /// Whether a libpq connection string carries a password: a `password=`

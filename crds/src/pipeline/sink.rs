@@ -227,13 +227,15 @@ impl SinkSpec {
         self.contract().guarantee()
     }
 
-    pub(super) fn validate(&self, src: &PipelineSource) -> Result<(), PipelineError> {
-        if let SinkSpec::Postgres(p) = self {
-            p.validate(src)?;
+    /// Checks the connector's settings; `at` is the sink's path (`sink`,
+    /// `sinks.audit`). A Kafka sink's transaction timeout is checked against
+    /// the checkpoint settings, which only the whole pipeline knows.
+    pub(super) fn validate(&self, src: &PipelineSource, at: &str, checkpoint: &super::CheckpointSpec) -> Result<(), PipelineError> {
+        match self {
+            SinkSpec::Postgres(p) => p.validate(src, at),
+            SinkSpec::File(f) => f.validate(src, &format!("{at}.file")),
+            SinkSpec::Kafka(k) => k.validate(src, at, checkpoint.interval, checkpoint.timeout),
+            SinkSpec::Stdout(_) | SinkSpec::Blackhole(_) => Ok(()),
         }
-        if let SinkSpec::File(f) = self {
-            f.validate(src, "sink.file")?;
-        }
-        Ok(())
     }
 }

@@ -134,47 +134,46 @@ impl SourceSpec {
         }
     }
 
-    pub(super) fn validate(&self, src: &PipelineSource) -> Result<(), PipelineError> {
+    /// Checks the connector's settings; `at` is the source's path (`source`,
+    /// `sources.orders`), which every error's field starts with.
+    pub(super) fn validate(&self, src: &PipelineSource, at: &str) -> Result<(), PipelineError> {
         match self {
             SourceSpec::Generator(g) => {
                 if g.keys == 0 {
-                    return Err(src.invalid("source.generator.keys", "expected at least 1"));
+                    return Err(src.invalid(&format!("{at}.generator.keys"), "expected at least 1"));
                 }
                 if g.batch_size == 0 {
-                    return Err(src.invalid("source.generator.batch_size", "expected at least 1"));
+                    return Err(src.invalid(&format!("{at}.generator.batch_size"), "expected at least 1"));
                 }
             }
             SourceSpec::File(f) => {
                 if f.path.is_empty() {
-                    return Err(src.invalid("source.file.path", "expected a file or directory path"));
+                    return Err(src.invalid(&format!("{at}.file.path"), "expected a file or directory path"));
                 }
                 if f.schema.0.is_empty() {
-                    return Err(src.invalid(
-                        "source.file.schema",
+                    return Err(src.invalid(&format!("{at}.file.schema"),
                         "expected at least one field, e.g. `schema: {id: int64, name: string}`",
                     ));
                 }
                 if f.batch_size == 0 {
-                    return Err(src.invalid("source.file.batch_size", "expected at least 1"));
+                    return Err(src.invalid(&format!("{at}.file.batch_size"), "expected at least 1"));
                 }
             }
-            SourceSpec::Kafka(k) => k.validate(src)?,
+            SourceSpec::Kafka(k) => k.validate(src, at)?,
             SourceSpec::Socket(sock) => {
                 let port = sock.address.rsplit_once(':').map(|(host, port)| (host.trim_start_matches('[').trim_end_matches(']'), port));
                 if !matches!(port, Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)) {
-                    return Err(src.invalid(
-                        "source.socket.address",
+                    return Err(src.invalid(&format!("{at}.socket.address"),
                         format!("{:?}: expected HOST:PORT, e.g. `localhost:9000` or `[::1]:9000`", sock.address),
                     ));
                 }
                 if sock.schema.0.is_empty() {
-                    return Err(src.invalid(
-                        "source.socket.schema",
+                    return Err(src.invalid(&format!("{at}.socket.schema"),
                         "expected at least one field, e.g. `schema: {id: int64, name: string}`",
                     ));
                 }
                 if sock.batch_size == 0 {
-                    return Err(src.invalid("source.socket.batch_size", "expected at least 1"));
+                    return Err(src.invalid(&format!("{at}.socket.batch_size"), "expected at least 1"));
                 }
             }
         }

@@ -13,7 +13,7 @@ fn the_checked_in_example_parses_with_every_field_as_written() {
     assert_eq!(spec.name, "exactly-once");
     assert_eq!(spec.parallelism, 4);
     assert_eq!(spec.checkpoint.interval.get().as_millis(), 500);
-    let SourceSpec::Generator(g) = &spec.source else { panic!("not a generator") };
+    let SourceSpec::Generator(g) = spec.source.as_ref().unwrap() else { panic!("not a generator") };
     assert_eq!((g.events, g.keys, g.rate), (Some(1_000_000), 1000, 200_000));
     assert_eq!(spec.steps[0].kind, StepKind::KeyBy(vec!["key".into()]));
     assert_eq!(spec.steps[1].kind, StepKind::RunningCount("count".into()));
@@ -208,7 +208,7 @@ fn every_sink_states_its_contract_and_the_reason_names_it() {
     ];
     for (sink, contract, guarantee, said) in cases {
         let spec = spec(&sink);
-        assert_eq!(spec.sink.contract(), contract, "{sink}");
+        assert_eq!(spec.sink.as_ref().unwrap().contract(), contract, "{sink}");
         let (g, why) = spec.guarantee_and_reason();
         assert_eq!(g, guarantee, "{sink}");
         assert!(why.contains(said), "{sink}: {why}");
@@ -219,7 +219,7 @@ fn every_sink_states_its_contract_and_the_reason_names_it() {
 fn a_socket_source_makes_the_job_at_most_once_and_says_why() {
     let text = "name: t\nsource:\n  socket:\n    address: localhost:9000\n    schema: {id: int64}\nsink:\n  file: {path: out}\n";
     let spec = parse(text).unwrap();
-    let SourceSpec::Socket(s) = &spec.source else { panic!("not a socket source") };
+    let SourceSpec::Socket(s) = spec.source.as_ref().unwrap() else { panic!("not a socket source") };
     assert_eq!((s.address.as_str(), s.batch_size), ("localhost:9000", 1024));
     let (g, why) = spec.guarantee_and_reason();
     assert_eq!(g, Guarantee::AtMostOnce);
@@ -266,9 +266,9 @@ fn a_derived_step_id_survives_added_stateless_steps_and_steps_of_other_kinds() {
 #[test]
 fn the_file_source_fails_on_bad_lines_unless_told_to_skip_them() {
     let file = |extra: &str| format!("name: t\nsource:\n  file:\n    path: in.jsonl\n    schema: {{a: int64}}\n{extra}sink:\n  blackhole: {{}}\n");
-    let SourceSpec::File(f) = parse(&file("")).unwrap().source else { panic!("not a file source") };
+    let SourceSpec::File(f) = parse(&file("")).unwrap().source.unwrap() else { panic!("not a file source") };
     assert_eq!(f.bad_lines, BadLines::Fail);
-    let SourceSpec::File(f) = parse(&file("    bad_lines: skip\n")).unwrap().source else { panic!("not a file source") };
+    let SourceSpec::File(f) = parse(&file("    bad_lines: skip\n")).unwrap().source.unwrap() else { panic!("not a file source") };
     assert_eq!(f.bad_lines, BadLines::Skip);
     let err = parse(&file("    bad_lines: ignore\n")).unwrap_err().to_string();
     assert!(err.contains("source.file.bad_lines") && err.contains("line 6") && err.contains("`ignore`") && err.contains("`skip`"), "{err}");
@@ -287,7 +287,7 @@ fn s3_output_files_bigger_than_one_server_side_copy_are_rejected_naming_the_fiel
 #[test]
 fn a_postgres_sink_defaults_to_two_phase_commit_and_promises_exactly_once() {
     let spec = parse("name: t\nsource:\n  generator: {}\nsink:\n  postgres:\n    connection: host=127.0.0.1 dbname=d user=u\n    table: public.counts\n").unwrap();
-    let SinkSpec::Postgres(p) = &spec.sink else { panic!("not a postgres sink") };
+    let SinkSpec::Postgres(p) = spec.sink.as_ref().unwrap() else { panic!("not a postgres sink") };
     assert_eq!(p.mode, PostgresMode::TwoPhaseCommit);
     assert_eq!(spec.guarantee(), Guarantee::ExactlyOnce);
 }
@@ -311,4 +311,16 @@ fn a_postgres_sink_refuses_a_password_an_upsert_without_key_and_a_bad_table_nami
 fn an_unknown_postgres_mode_names_the_known_ones() {
     let err = parse("name: t\nsource:\n  generator: {}\nsink:\n  postgres:\n    connection: host=h\n    table: t\n    mode: eventually\n").unwrap_err().to_string();
     assert!(err.contains("two-phase-commit") && err.contains("upsert"), "{err}");
+}
+
+#[test]
+fn a_chain_refuses_the_steps_that_read_two_inputs_and_checks_the_settings_of_the_others() {
+    let err = parse("name: t\nsource:\n  generator: {}\nsteps:\n  - union: {}\nsink:\n  blackhole: {}\n").unwrap_err().to_string();
+    assert_eq!(err, "test.yaml:5: steps[0].union: union takes at least two inputs, but a chain's steps each read one, the step before them: write the pipeline as a graph (`sources:`, `steps:` with `name` and `input`, `sinks:`)");
+    let lookup = |cache: &str| parse(&format!("name: t\nsource:\n  generator: {{}}\nsteps:\n  - lookup_join:\n      on: key\n      postgres: {{connection: host=h, table: t, key: [id], columns: {{n: string}}}}\n      cache: {cache}\nsink:\n  blackhole: {{}}\n"));
+    let spec = lookup("{max_rows: 9, ttl: 1s}").unwrap();
+    assert_eq!(step_ids(&spec.steps), ["lookup_join-0"]);
+    assert_eq!(parse(&serde_yaml::to_string(&spec).unwrap()).unwrap(), spec);
+    let err = lookup("{max_rows: 0, ttl: 1s}").unwrap_err().to_string();
+    assert_eq!(err, "test.yaml:8: steps[0].lookup_join.cache.max_rows: expected at least 1");
 }

@@ -131,7 +131,7 @@ pub const DEFAULT_MEMORY_LIMIT: &str = "1Gi";
     .field_path(".pipeline.checkpoint"))]
 #[serde(rename_all = "camelCase")]
 pub struct StreamJobSpec {
-    /// The pipeline, in the format `weir run` takes (source, steps, sink; snake_case keys).
+    /// The pipeline, in the format `weir run` takes (source, steps, sink, or a graph's sources, steps, sinks; snake_case keys).
     /// Its parallelism and checkpoint settings come from this spec.
     pub pipeline: PipelineDocument,
 

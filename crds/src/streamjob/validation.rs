@@ -115,7 +115,7 @@ impl StreamJobSpec {
         let Value::Object(written) = &self.pipeline.0 else {
             return Err(invalid(
                 "",
-                "expected a map with name, source, steps and sink",
+                "expected a map with name, source(s), steps and sink(s)",
             ));
         };
         // CEL refuses these on the API server; they are checked again here because

@@ -15,6 +15,10 @@ impl JobPlan {
     /// The plan as text, stable for a given pipeline.
     pub fn describe(&self) -> String {
         let mut out = String::new();
+        // Only chains are planned so far (`plan::plan` refuses graphs).
+        let chain = self.spec.chain();
+        let source = chain.as_ref().map_or("(none)", |c| c.source.kind());
+        let sink = chain.as_ref().map_or("(none)", |c| c.sink.kind());
         let stages = self.stages.len();
         let _ = writeln!(
             out,
@@ -26,7 +30,7 @@ impl JobPlan {
         );
         for (i, stage) in self.stages.iter().enumerate() {
             if i == 0 {
-                let _ = write!(out, "stage 0 reads source {} {}", self.spec.source.kind(), fields(&stage.input_schema));
+                let _ = write!(out, "stage 0 reads source {} {}", source, fields(&stage.input_schema));
                 if let Some(et) = &self.event_time {
                     let _ = write!(out, ", event time `{}` out of order by {} ms", et.field, et.max_out_of_orderness_ms);
                     if let Some(idle) = et.idle_timeout {
@@ -47,7 +51,7 @@ impl JobPlan {
                     let _ = writeln!(out, "  hash by [{}] into stage {}", columns(input, key_indices), i + 1);
                 }
                 StageOutput::Sink => {
-                    let _ = writeln!(out, "  writes sink {} {}", self.spec.sink.kind(), fields(&stage.output_schema));
+                    let _ = writeln!(out, "  writes sink {} {}", sink, fields(&stage.output_schema));
                 }
             }
         }

@@ -227,7 +227,10 @@ pub fn source_schema(spec: &SourceSpec) -> SchemaRef {
 /// Steps are chained into one stage until a key_by, which ends the stage
 /// with a hash exchange; the last stage ends in the sink.
 pub fn plan(spec: &PipelineSpec, src: &PipelineSource) -> Result<JobPlan> {
-    let source = source_schema(&spec.source);
+    let Some(chain) = spec.chain() else {
+        return Err(Error::Pipeline(src.invalid("sources", "graph pipelines are not planned yet")));
+    };
+    let source = source_schema(chain.source);
     let event_time = plan_event_time(spec, &source, src)?;
     let mut stream = Stream { schema: source.clone(), keys: None };
     let mut stages = Vec::new();

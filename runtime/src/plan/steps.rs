@@ -74,6 +74,9 @@ pub(super) fn plan_operator(stream: &mut Stream, kind: &StepKind, at: StepAt) ->
         StepKind::RunningMin(a) => plan_running(stream, AggFn::Min, Some(&a.field), a.output.clone().unwrap_or(format!("min_{}", a.field)), at),
         StepKind::RunningMax(a) => plan_running(stream, AggFn::Max, Some(&a.field), a.output.clone().unwrap_or(format!("max_{}", a.field)), at),
         StepKind::KeyBy(_) => Err(at.invalid("key_by is an exchange between stages, not an operator".into())),
+        StepKind::Union | StepKind::Broadcast | StepKind::IntervalJoin(_) | StepKind::WindowJoin(_) | StepKind::Join(_) | StepKind::LookupJoin(_) => {
+            Err(at.invalid(format!("{} steps are not planned yet", kind.name())))
+        }
     }
 }
 

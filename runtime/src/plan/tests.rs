@@ -52,3 +52,17 @@ fn aggregating_a_string_field_is_rejected_with_the_type() {
     let err = plan_text("name: t\nsource:\n  file:\n    path: x\n    schema: {k: int64, s: string}\nsteps:\n  - key_by: k\n  - running_sum: {field: s}\nsink:\n  blackhole: {}\n").unwrap_err().to_string();
     assert!(err.contains("expected int64 or float64"), "{err}");
 }
+
+#[test]
+fn the_steps_not_planned_yet_are_refused_naming_the_field() {
+    let text = "name: t\nsource:\n  generator: {}\nsteps:\n  - broadcast: {}\nsink:\n  blackhole: {}\n";
+    let err = plan_text(text).err().map(|e| e.to_string());
+    assert_eq!(err.as_deref(), Some("p.yaml:5: steps[0].broadcast: broadcast steps are not planned yet"));
+}
+
+#[test]
+fn a_graph_is_refused_naming_the_field() {
+    let text = "name: t\nsources:\n  a:\n    generator: {}\nsteps:\n  - {name: f, input: a, filter: value > 3}\nsinks:\n  out:\n    input: f\n    blackhole: {}\n";
+    let err = plan_text(text).err().map(|e| e.to_string());
+    assert_eq!(err.as_deref(), Some("p.yaml:2: sources: graph pipelines are not planned yet"));
+}

@@ -84,6 +84,10 @@ type Routes = HashMap<(usize, u32, u32), mpsc::Sender<Message>>;
 async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Result<()> {
     let plan = cfg.plan.clone();
     let spec = &plan.spec;
+    // `plan::plan` refuses a graph, so a planned pipeline is a chain.
+    let Some(chain) = spec.chain() else {
+        return Err(Error::Plan { context: format!("job {}", spec.name), message: "graph pipelines are not planned yet".into() });
+    };
     let (p, max_p) = (spec.parallelism, spec.max_parallelism);
     let index = cfg.index;
     let storage = CheckpointStorage::open(&cfg.state_dir, &spec.name, true)?;
@@ -194,7 +198,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     // So does every subtask under incremental checkpoints: its chains of
     // state files move when their checkpoint completes.
     let late_outputs = plan.late_records_outputs();
-    let job_outputs = clean_up::Outputs { sink: spec.sink.clone(), late_records: late_outputs.iter().map(|(_, _, op, output)| (op.clone(), output.clone())).collect() };
+    let job_outputs = clean_up::Outputs { sink: chain.sink.clone(), late_records: late_outputs.iter().map(|(_, _, op, output)| (op.clone(), output.clone())).collect() };
     let incremental = spec.checkpoint.incremental && !at_most_once;
     let mut stage_notifications: HashMap<(usize, u32), broadcast::Receiver<Notification>> = HashMap::new();
     for (stage, plan_stage) in plan.stages.iter().enumerate() {
@@ -419,7 +423,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     };
     // A fresh start of a source whose start depends on the moment goes on
     // where this history first started (`start_positions.rs`).
-    let started_on_clock = matches!(spec.source, SourceSpec::Kafka(_));
+    let started_on_clock = matches!(chain.source, SourceSpec::Kafka(_));
     let started = if source_positions.is_empty() && started_on_clock { start_positions::load(&storage).await? } else { SourcePositions::default() };
     let sink_states = match &restored {
         Some(r) => r.sink_states()?,
@@ -433,12 +437,12 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     let alignment = if spec.guarantee() == Guarantee::ExactlyOnce { Alignment::Aligned } else { Alignment::Tracked };
     let mine = |j: u32| -> Vec<SinkState> { sink_states.iter().filter(|(old, _)| old % p == j).map(|(_, s)| s.clone()).collect() };
     let hosted_sinks: Vec<(u32, Vec<SinkState>)> = hosted.iter().map(|&j| (j, mine(j))).collect();
-    crate::sink::before_opening(&spec.sink, job_id, &hosted_sinks, p, &storage).await?;
+    crate::sink::before_opening(chain.sink, job_id, &hosted_sinks, p, &storage).await?;
     let mut tasks = JoinSet::new();
     for (stage_index, stage) in plan.stages.iter().enumerate() {
         for &j in &hosted {
             let input = if stage_index == 0 {
-                let reader = SourceReader::open(&spec.source, stage.input_schema.clone(), j, p, max_p, &source_positions, &started, &cfg.base_dir)?;
+                let reader = SourceReader::open(chain.source, stage.input_schema.clone(), j, p, max_p, &source_positions, &started, &cfg.base_dir)?;
                 if source_positions.is_empty() && started_on_clock {
                     start_positions::save(&storage, j, &reader.positions()?).await?;
                 }
@@ -489,7 +493,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                         parallelism: p,
                         snapshot_log: restored.as_ref().map(|r| r.location.child(crate::sink::LOG_DIR)),
                     };
-                    let sink = SinkWriter::open(&spec.sink, &schema, job_id, j, &cluster.run_id, restore, &cfg.base_dir, &storage).await?;
+                    let sink = SinkWriter::open(chain.sink, &schema, job_id, j, &cluster.run_id, restore, &cfg.base_dir, &storage).await?;
                     let notifications = sink_notifications.remove(&j).ok_or_else(|| Error::Job("sink notifications taken twice".into()))?;
                     Output::Sink { sink, notifications }
                 }

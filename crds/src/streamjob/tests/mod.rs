@@ -39,6 +39,22 @@ fn minimal() -> Value {
     })
 }
 
+/// A graph pipeline as a StreamJob carries it: a filter of one source
+/// into one sink, or (`cyclic`) two steps reading each other.
+fn graph_pipeline(cyclic: bool) -> Value {
+    let steps = if cyclic {
+        json!([{"name": "x", "input": "y", "filter": "value > 1"}, {"name": "y", "input": ["x", "a"], "union": {}}])
+    } else {
+        json!([{"name": "y", "input": "a", "filter": "value > 1"}])
+    };
+    json!({
+        "name": "m",
+        "sources": {"a": {"generator": {"events": 10}, "event_time": {"field": "value"}}},
+        "steps": steps,
+        "sinks": {"out": {"input": "y", "blackhole": {}}}
+    })
+}
+
 fn with(mut value: Value, pointer: &str, v: Value) -> Value {
     let (parent, key) = pointer.rsplit_once('/').expect("a pointer with a parent");
     value

@@ -243,6 +243,22 @@ fn the_schema_accepts_the_example_and_the_minimal_manifest() {
 }
 
 #[test]
+fn the_schema_accepts_a_graph_pipeline_and_keeps_every_field_of_its_nodes() {
+    let graph = with(minimal(), "/spec/pipeline", graph_pipeline(false));
+    assert_eq!(openapi_violations(&graph), Vec::<String>::new());
+    assert_eq!(cel(&graph, None), Ok(()));
+    // Sources and sinks, like steps, have hand-written shapes: the API server
+    // must keep their fields for the controller's check to see them.
+    let pipeline = &openapi_schema()["properties"]["spec"]["properties"]["pipeline"]["properties"];
+    for map in ["sources", "sinks"] {
+        assert_eq!(pipeline[map]["type"], json!("object"), "{map}");
+        assert_eq!(pipeline[map]["additionalProperties"]["x-kubernetes-preserve-unknown-fields"], json!(true), "{map}");
+    }
+    assert!(pipeline.get("required").is_none() || !pipeline["required"].to_string().contains("source"));
+    assert!(parse(&graph).spec.validate_pipeline().unwrap().is_graph());
+}
+
+#[test]
 fn the_schema_refuses_an_unknown_upgrade_mode_and_state() {
     let v = openapi_violations(&with(minimal(), "/spec/upgradeMode", json!("blue-green")));
     assert!(

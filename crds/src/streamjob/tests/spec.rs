@@ -39,7 +39,7 @@ fn the_example_embeds_the_same_pipeline_as_the_weir_run_example() {
     .expect("the weir run example is valid");
     // Only the pace differs: the cluster example runs at a quarter of the
     // local one's rate, long enough to watch checkpoints advance in `kubectl get sj`.
-    match (&mut embedded.source, &file.source) {
+    match (embedded.source.as_mut().unwrap(), file.source.as_ref().unwrap()) {
         (crate::SourceSpec::Generator(e), crate::SourceSpec::Generator(f)) => {
             assert!(e.rate > 0 && e.rate < f.rate, "the cluster example is the slower one");
             e.rate = f.rate;
@@ -136,6 +136,27 @@ fn a_manifest_with_an_invalid_pipeline_still_deserializes_so_the_controller_can_
     let job = parse(&bad);
     let err = job.spec.validate_pipeline().unwrap_err();
     assert!(err.to_string().contains("unknown step `explode`"), "{err}");
+}
+
+#[test]
+fn a_cyclic_graph_is_refused_by_the_pipeline_check_naming_the_step() {
+    let job = parse(&with(minimal(), "/spec/pipeline", graph_pipeline(true)));
+    match job.spec.validate_pipeline() {
+        Err(PipelineError::Invalid { file, field, message, .. }) => {
+            assert_eq!((file.as_str(), field.as_str()), ("spec.pipeline", "steps[0].input"));
+            assert_eq!(message, "`x` → `y` → `x` is a cycle: the steps of a pipeline form a DAG");
+        }
+        other => panic!("expected the cycle, got {other:?}"),
+    }
+    let valid = parse(&with(minimal(), "/spec/pipeline", graph_pipeline(false)));
+    assert_eq!(valid.spec.validate().unwrap().graph().sinks[0].inputs, ["y"]);
+}
+
+#[test]
+fn a_pipeline_that_is_not_a_map_says_what_it_should_hold() {
+    let job = parse(&with(minimal(), "/spec/pipeline", json!("source: x")));
+    let err = job.spec.validate_pipeline().unwrap_err().to_string();
+    assert!(err.contains("expected a map with name, source(s), steps and sink(s)"), "{err}");
 }
 
 #[test]

@@ -1,0 +1,68 @@
+//! What a pipeline can promise: the weakest of the job's `guarantee`
+//! setting, its sources (a source that cannot replay makes it
+//! at-most-once) and its sinks (each sink's contract).
+//!
+//! A chain's reason reads as it always has. A graph's names the source or
+//! sink that weakens it; the per-sink report of graphs.md §5.2 comes with
+//! several sinks at run time.
+
+use super::{Guarantee, PipelineSpec};
+
+impl PipelineSpec {
+    /// The weakest guarantee of the job's setting, its sources and its sinks:
+    /// what the job can promise.
+    pub fn guarantee(&self) -> Guarantee {
+        self.guarantee_and_reason().0
+    }
+
+    /// [`PipelineSpec::guarantee`] and what sets it, in words for the
+    /// job's status: the part that weakens it, or that all parts allow it.
+    pub fn guarantee_and_reason(&self) -> (Guarantee, String) {
+        match self.chain() {
+            Some(chain) => self.chain_guarantee(chain.source, chain.sink),
+            None => self.graph_guarantee(),
+        }
+    }
+
+    fn chain_guarantee(&self, source: &super::SourceSpec, sink: &super::SinkSpec) -> (Guarantee, String) {
+        let from_source = if source.replayable() { Guarantee::ExactlyOnce } else { Guarantee::AtMostOnce };
+        let effective = self.guarantee.min(from_source).min(sink.guarantee());
+        let reason = if effective == Guarantee::ExactlyOnce {
+            format!(
+                "the job asks for exactly-once, its source replays from checkpoints and its {} sink {}",
+                sink.kind(),
+                sink.contract().describe()
+            )
+        } else if from_source == effective {
+            format!("the {} source cannot replay what it read before a failure", source.kind())
+        } else if self.guarantee == effective {
+            format!("the job's `guarantee` setting asks for {effective}")
+        } else {
+            format!("the {} sink is {effective}: it {}", sink.kind(), sink.contract().describe())
+        };
+        (effective, reason)
+    }
+
+    /// As a chain's, over every source and sink; the reason names the
+    /// first source or sink (in the order written) at the weakest level.
+    fn graph_guarantee(&self) -> (Guarantee, String) {
+        let graph = self.graph();
+        let unreplayable = graph.sources.iter().find(|s| !s.spec.spec.replayable());
+        let weakest_sink = graph.sinks.iter().min_by_key(|s| s.spec.guarantee());
+        let from_source = if unreplayable.is_some() { Guarantee::AtMostOnce } else { Guarantee::ExactlyOnce };
+        let from_sinks = weakest_sink.map(|s| s.spec.guarantee()).unwrap_or(Guarantee::ExactlyOnce);
+        let effective = self.guarantee.min(from_source).min(from_sinks);
+        let reason = match (unreplayable, weakest_sink) {
+            _ if effective == Guarantee::ExactlyOnce => {
+                "the job asks for exactly-once, its sources replay from checkpoints and every sink is exactly-once".to_string()
+            }
+            (Some(s), _) if from_source == effective => {
+                format!("the {} source `{}` cannot replay what it read before a failure", s.spec.spec.kind(), s.name)
+            }
+            _ if self.guarantee == effective => format!("the job's `guarantee` setting asks for {effective}"),
+            (_, Some(s)) => format!("the {} sink `{}` is {effective}: it {}", s.spec.kind(), s.name, s.spec.contract().describe()),
+            (_, None) => format!("the job is {effective}"),
+        };
+        (effective, reason)
+    }
+}
