@@ -15,10 +15,7 @@ impl JobPlan {
     /// The plan as text, stable for a given pipeline.
     pub fn describe(&self) -> String {
         let mut out = String::new();
-        // Only chains are planned so far (`plan::plan` refuses graphs).
-        let chain = self.spec.chain();
-        let source = chain.as_ref().map_or("(none)", |c| c.source.kind());
-        let sink = chain.as_ref().map_or("(none)", |c| c.sink.kind());
+        let (source, sink) = (self.source.spec.kind(), self.sink.spec.kind());
         let stages = self.stages.len();
         let _ = writeln!(
             out,

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion_physical_expr::PhysicalExpr;
 use weir_api::pipeline::{FieldType, PipelineSource};
+use weir_api::pipeline::{Node, SourceNode};
 use weir_api::{PipelineSpec, SourceSpec, StepKind};
 
 use crate::error::{Error, Result};
@@ -22,14 +23,31 @@ mod describe;
 mod golden;
 mod steps;
 
-pub const SOURCE_ID: &str = "source";
-pub const SINK_ID: &str = "sink";
-
 pub struct JobPlan {
     pub spec: PipelineSpec,
+    pub source: SourcePlan,
+    pub sink: SinkPlan,
     pub stages: Vec<StagePlan>,
     /// Where sources find event time, when the pipeline has it.
     pub event_time: Option<EventTimePlan>,
+}
+
+/// The job's source: what it reads and where its positions are kept.
+#[derive(Clone, Debug)]
+pub struct SourcePlan {
+    pub name: String,
+    /// Its positions' id in checkpoints: `source` in a chain, its name in a graph.
+    pub state_id: String,
+    pub spec: SourceSpec,
+}
+
+/// The job's sink: where it writes and where its pending output is kept.
+#[derive(Clone, Debug)]
+pub struct SinkPlan {
+    pub name: String,
+    /// Its pending output's id in checkpoints: `sink` in a chain, its name in a graph.
+    pub state_id: String,
+    pub spec: weir_api::SinkSpec,
 }
 
 /// The source's event-time column and how its watermarks follow it.
@@ -179,7 +197,7 @@ impl JobPlan {
 
     /// Every operator id that keeps state, with the stage it runs in.
     pub fn stateful_operator_ids(&self) -> Vec<String> {
-        let mut ids = vec![SOURCE_ID.to_string(), SINK_ID.to_string()];
+        let mut ids = vec![self.source.state_id.clone(), self.sink.state_id.clone()];
         ids.extend((1..self.stages.len()).map(channel_state_id));
         for s in &self.stages {
             for o in &s.operators {
@@ -224,22 +242,22 @@ pub fn source_schema(spec: &SourceSpec) -> SchemaRef {
 
 /// Plans a parsed pipeline; errors point at the step's line through `src`.
 ///
-/// Steps are chained into one stage until a key_by, which ends the stage
-/// with a hash exchange; the last stage ends in the sink.
+/// Both forms of a pipeline are planned from its graph, which must be one
+/// path so far. Steps are chained into one stage until a key_by, which ends
+/// the stage with a hash exchange; the last stage ends in the sink.
 pub fn plan(spec: &PipelineSpec, src: &PipelineSource) -> Result<JobPlan> {
-    let Some(chain) = spec.chain() else {
-        return Err(Error::Pipeline(src.invalid("sources", "graph pipelines are not planned yet")));
-    };
-    let source = source_schema(chain.source);
-    let event_time = plan_event_time(spec, &source, src)?;
+    let graph = spec.graph();
+    let path = graph.as_path().map_err(|e| Error::Pipeline(src.invalid(&e.field, e.message)))?;
+    let source = source_schema(&path.source.spec.spec);
+    let event_time = plan_event_time(path.source, &source, src)?;
     let mut stream = Stream { schema: source.clone(), keys: None };
     let mut stages = Vec::new();
     let mut stage_input = source;
     let mut operators: Vec<OperatorPlan> = Vec::new();
-    let ids = weir_api::pipeline::step_ids(&spec.steps);
-    for ((i, step), id) in spec.steps.iter().enumerate().zip(ids) {
-        let at = StepAt { id, field: format!("steps[{i}].{}", step.kind.name()), src, event_time: event_time.as_ref() };
-        if let StepKind::KeyBy(fields) = &step.kind {
+    for step in &path.steps {
+        let field = format!("{}.{}", step.path, step.spec.name());
+        let at = StepAt { id: step.state_id.clone(), field, src, event_time: event_time.as_ref() };
+        if let StepKind::KeyBy(fields) = &step.spec {
             let key_indices = steps::key_indices(&stream, fields, &at)?;
             stages.push(StagePlan {
                 index: stages.len(),
@@ -251,7 +269,7 @@ pub fn plan(spec: &PipelineSpec, src: &PipelineSource) -> Result<JobPlan> {
             stage_input = stream.schema.clone();
             stream.keys = Some(fields.clone());
         } else {
-            operators.push(steps::plan_operator(&mut stream, &step.kind, at)?);
+            operators.push(steps::plan_operator(&mut stream, &step.spec, at)?);
         }
     }
     stages.push(StagePlan {
@@ -261,14 +279,18 @@ pub fn plan(spec: &PipelineSpec, src: &PipelineSource) -> Result<JobPlan> {
         output: StageOutput::Sink,
         output_schema: stream.schema,
     });
-    Ok(JobPlan { spec: spec.clone(), stages, event_time })
+    let source = SourcePlan { name: path.source.name.clone(), state_id: path.source.state_id.clone(), spec: path.source.spec.spec.clone() };
+    let sink = SinkPlan { name: path.sink.name.clone(), state_id: path.sink.state_id.clone(), spec: path.sink.spec.clone() };
+    Ok(JobPlan { spec: spec.clone(), source, sink, stages, event_time })
 }
 
 /// Where the source's records carry their event time, checked against the
 /// source's schema.
-fn plan_event_time(spec: &PipelineSpec, schema: &Schema, src: &PipelineSource) -> Result<Option<EventTimePlan>> {
-    let Some(et) = &spec.event_time else { return Ok(None) };
-    let invalid = |msg: String| Error::Pipeline(src.invalid("event_time.field", msg));
+fn plan_event_time(source: &Node<SourceNode>, schema: &Schema, src: &PipelineSource) -> Result<Option<EventTimePlan>> {
+    let Some(et) = &source.spec.event_time else { return Ok(None) };
+    // A chain writes it at the top (`event_time`), a graph under its source.
+    let field = if source.path == "source" { "event_time.field".to_string() } else { format!("{}.event_time.field", source.path) };
+    let invalid = |msg: String| Error::Pipeline(src.invalid(&field, msg));
     let (column, f) = schema
         .column_with_name(&et.field)
         .ok_or_else(|| invalid(format!("the source has no field `{}`: expected one of {}", et.field, names(schema))))?;

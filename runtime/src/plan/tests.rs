@@ -61,8 +61,29 @@ fn the_steps_not_planned_yet_are_refused_naming_the_field() {
 }
 
 #[test]
-fn a_graph_is_refused_naming_the_field() {
-    let text = "name: t\nsources:\n  a:\n    generator: {}\nsteps:\n  - {name: f, input: a, filter: value > 3}\nsinks:\n  out:\n    input: f\n    blackhole: {}\n";
-    let err = plan_text(text).err().map(|e| e.to_string());
-    assert_eq!(err.as_deref(), Some("p.yaml:2: sources: graph pipelines are not planned yet"));
+fn a_chain_and_the_same_path_written_as_a_graph_plan_alike() {
+    let chain = "name: t\nevent_time: {field: value}\nsource:\n  generator: {}\nsteps:\n  - filter: value > 3\n  - key_by: key\n  - running_count: n\n    id: counts\n  - window: {tumbling: 1s, aggregates: [{count: c}]}\nsink:\n  blackhole: {}\n";
+    // Named as the chain's nodes are (source, step ids, sink), written out of order.
+    let graph = "name: t\nsources:\n  source:\n    generator: {}\n    event_time: {field: value}\nsteps:\n  - {name: key_by-0, input: filter-0, key_by: key}\n  - {name: filter-0, input: source, filter: value > 3}\n  - {name: counts, input: key_by-0, running_count: n}\n  - {name: window-0, input: counts, window: {tumbling: 1s, aggregates: [{count: c}]}}\nsinks:\n  sink:\n    input: window-0\n    blackhole: {}\n";
+    let (chain, graph) = (plan_text(chain).unwrap(), plan_text(graph).unwrap());
+    // Only where the filter is written differs.
+    assert_eq!(graph.describe().replace("steps[1].filter", "steps[0].filter"), chain.describe());
+    assert_eq!(graph.stateful_operator_ids(), ["source", "sink", "in-flight-1", "counts", "window-0"]);
+}
+
+#[test]
+fn a_graph_names_its_source_and_sink_state_and_its_event_time_field_under_the_source() {
+    let text = |field: &str| format!("name: t\nsources:\n  clicks:\n    generator: {{}}\n    event_time: {{field: {field}}}\nsteps:\n  - {{name: keyed, input: clicks, key_by: key}}\n  - {{name: per_key, input: keyed, window: {{tumbling: 1s, aggregates: [{{count: c}}]}}}}\nsinks:\n  out:\n    input: per_key\n    blackhole: {{}}\n");
+    let plan = plan_text(&text("value")).unwrap();
+    assert_eq!((plan.source.state_id.as_str(), plan.sink.state_id.as_str()), ("clicks", "out"));
+    assert_eq!(plan.stateful_operator_ids(), ["clicks", "out", "in-flight-1", "per_key"]);
+    let err = plan_text(&text("nope")).unwrap_err().to_string();
+    assert!(err.starts_with("p.yaml:5: sources.clicks.event_time.field: the source has no field `nope`"), "{err}");
+}
+
+#[test]
+fn a_graph_that_is_not_one_path_is_refused_naming_the_node() {
+    let text = "name: t\nsources:\n  a: {generator: {}}\nsteps:\n  - {name: x, input: a, filter: value > 3}\n  - {name: y, input: a, filter: value > 4}\n  - {name: xy, input: [x, y], union: {}}\nsinks:\n  out: {input: xy, blackhole: {}}\n";
+    let err = plan_text(text).unwrap_err().to_string();
+    assert!(err.starts_with("p.yaml:6: steps[1]: `x` and `y` both read `a`: fan-out is not planned yet"), "{err}");
 }

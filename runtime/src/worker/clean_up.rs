@@ -12,7 +12,7 @@ use weir_api::FileSinkSpec;
 
 use crate::checkpoint::CheckpointStorage;
 use crate::error::Result;
-use crate::plan::{late_records_id, SINK_ID};
+use crate::plan::late_records_id;
 use crate::sink::RunEnd;
 use weir_api::SinkSpec;
 
@@ -21,13 +21,15 @@ use weir_api::SinkSpec;
 #[derive(Clone)]
 pub(crate) struct Outputs {
     pub sink: SinkSpec,
+    /// Where checkpoints keep the sink's pending output.
+    pub sink_state_id: String,
     /// (window operator id, its late records' file output)
     pub late_records: Vec<(String, FileSinkSpec)>,
 }
 
 /// Cleans up every output of the job for run `run_id`, which ended as `end`.
 pub(crate) async fn clean_up_after_end(outputs: &Outputs, job: &str, run_id: &str, end: RunEnd, base_dir: &Path, storage: &CheckpointStorage) -> Result<()> {
-    let keep = super::restore::referenced_sink_files(storage, None, SINK_ID).await?;
+    let keep = super::restore::referenced_sink_files(storage, None, &outputs.sink_state_id).await?;
     crate::sink::clean_up_after_end(&outputs.sink, job, run_id, end, &keep, base_dir, storage).await?;
     for (op, output) in &outputs.late_records {
         let keep = super::restore::referenced_sink_files(storage, None, &late_records_id(op)).await?;

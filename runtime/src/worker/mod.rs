@@ -44,7 +44,7 @@ use crate::exchange::frame::{codec, decode_hello, encode_hello, FrameDecoder, Fr
 use crate::exchange::partition::Partitioner;
 use crate::exchange::{Barrier, Message, CHANNEL_CAPACITY};
 use crate::operator::Operator;
-use crate::plan::{JobPlan, OperatorKind, StageOutput, WindowPlan, SINK_ID};
+use crate::plan::{JobPlan, OperatorKind, StageOutput, WindowPlan};
 use crate::sink::{SinkRestore, SinkState, SinkWriter};
 use crate::source::{SourcePositions, SourceReader};
 
@@ -84,10 +84,7 @@ type Routes = HashMap<(usize, u32, u32), mpsc::Sender<Message>>;
 async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Result<()> {
     let plan = cfg.plan.clone();
     let spec = &plan.spec;
-    // `plan::plan` refuses a graph, so a planned pipeline is a chain.
-    let Some(chain) = spec.chain() else {
-        return Err(Error::Plan { context: format!("job {}", spec.name), message: "graph pipelines are not planned yet".into() });
-    };
+    let (source, sink) = (&plan.source, &plan.sink);
     let (p, max_p) = (spec.parallelism, spec.max_parallelism);
     let index = cfg.index;
     let storage = CheckpointStorage::open(&cfg.state_dir, &spec.name, true)?;
@@ -198,7 +195,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     // So does every subtask under incremental checkpoints: its chains of
     // state files move when their checkpoint completes.
     let late_outputs = plan.late_records_outputs();
-    let job_outputs = clean_up::Outputs { sink: chain.sink.clone(), late_records: late_outputs.iter().map(|(_, _, op, output)| (op.clone(), output.clone())).collect() };
+    let job_outputs = clean_up::Outputs { sink: sink.spec.clone(), sink_state_id: sink.state_id.clone(), late_records: late_outputs.iter().map(|(_, _, op, output)| (op.clone(), output.clone())).collect() };
     let incremental = spec.checkpoint.incremental && !at_most_once;
     let mut stage_notifications: HashMap<(usize, u32), broadcast::Receiver<Notification>> = HashMap::new();
     for (stage, plan_stage) in plan.stages.iter().enumerate() {
@@ -412,7 +409,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     // Build and start the subtasks.
     let counters = Arc::new(Counters::default());
     let source_positions = match &restored {
-        Some(r) => r.source_positions()?,
+        Some(r) => r.source_positions(&source.state_id)?,
         // An at-most-once run that resumes starts where the sources last
         // read; nothing read yet is a first start (Kafka's `start` applies).
         None if at_most_once && cfg.restore.is_some() => {
@@ -423,32 +420,32 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     };
     // A fresh start of a source whose start depends on the moment goes on
     // where this history first started (`start_positions.rs`).
-    let started_on_clock = matches!(chain.source, SourceSpec::Kafka(_));
+    let started_on_clock = matches!(source.spec, SourceSpec::Kafka(_));
     let started = if source_positions.is_empty() && started_on_clock { start_positions::load(&storage).await? } else { SourcePositions::default() };
     let sink_states = match &restored {
-        Some(r) => r.sink_states()?,
+        Some(r) => r.sink_states_of(&sink.state_id)?,
         None => Vec::new(),
     };
     // Subtask 0 of the sink cleans up after earlier attempts; it must keep
     // whatever any retained snapshot (or the restored one) still references.
-    let keep = if hosted.contains(&0) { Some(restore::referenced_sink_files(&storage, restored.as_ref(), SINK_ID).await?) } else { None };
+    let keep = if hosted.contains(&0) { Some(restore::referenced_sink_files(&storage, restored.as_ref(), &sink.state_id).await?) } else { None };
     let own_runs = if hosted.contains(&0) { Some(storage.claimed_runs().await?) } else { None };
     // Alignment is what exactly-once costs; a job promising less skips it.
     let alignment = if spec.guarantee() == Guarantee::ExactlyOnce { Alignment::Aligned } else { Alignment::Tracked };
     let mine = |j: u32| -> Vec<SinkState> { sink_states.iter().filter(|(old, _)| old % p == j).map(|(_, s)| s.clone()).collect() };
     let hosted_sinks: Vec<(u32, Vec<SinkState>)> = hosted.iter().map(|&j| (j, mine(j))).collect();
-    crate::sink::before_opening(chain.sink, job_id, &hosted_sinks, p, &storage).await?;
+    crate::sink::before_opening(&sink.spec, job_id, &hosted_sinks, p, &storage).await?;
     let mut tasks = JoinSet::new();
     for (stage_index, stage) in plan.stages.iter().enumerate() {
         for &j in &hosted {
             let input = if stage_index == 0 {
-                let reader = SourceReader::open(chain.source, stage.input_schema.clone(), j, p, max_p, &source_positions, &started, &cfg.base_dir)?;
+                let reader = SourceReader::open(&source.spec, stage.input_schema.clone(), j, p, max_p, &source_positions, &started, &cfg.base_dir)?;
                 if source_positions.is_empty() && started_on_clock {
                     start_positions::save(&storage, j, &reader.positions()?).await?;
                 }
                 let triggers = trigger_rxs.remove(&j).ok_or_else(|| Error::Job("source triggers taken twice".into()))?;
                 let ahead = at_most_once.then(|| ReadAhead::new(ReadMarks::new(&storage, j)));
-                Input::Source { reader, triggers, ahead }
+                Input::Source { reader, triggers, ahead, state_id: source.state_id.clone() }
             } else {
                 let rxs = gates.remove(&(stage_index, j)).ok_or_else(|| Error::Job("input gate taken twice".into()))?;
                 let mut gate = InputGate::new(format!("stage {stage_index} subtask {j}"), rxs, alignment);
@@ -493,9 +490,9 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                         parallelism: p,
                         snapshot_log: restored.as_ref().map(|r| r.location.child(crate::sink::LOG_DIR)),
                     };
-                    let sink = SinkWriter::open(chain.sink, &schema, job_id, j, &cluster.run_id, restore, &cfg.base_dir, &storage).await?;
+                    let writer = SinkWriter::open(&sink.spec, &schema, job_id, j, &cluster.run_id, restore, &cfg.base_dir, &storage).await?;
                     let notifications = sink_notifications.remove(&j).ok_or_else(|| Error::Job("sink notifications taken twice".into()))?;
-                    Output::Sink { sink, notifications }
+                    Output::Sink { sink: writer, notifications, state_id: sink.state_id.clone() }
                 }
                 StageOutput::Exchange { key_indices } => Output::Exchange {
                     partitioner: Partitioner::new(key_indices.clone(), p, max_p),

@@ -13,7 +13,7 @@ use arrow::ipc::writer::FileWriter;
 use crate::checkpoint::{CheckpointMetadata, CheckpointStorage, Location};
 use crate::error::{Error, Result};
 use crate::key_group::groups_of_subtask;
-use crate::plan::{JobPlan, SINK_ID, SOURCE_ID};
+use crate::plan::JobPlan;
 use crate::sink::SinkState;
 use crate::source::SourcePositions;
 
@@ -96,13 +96,9 @@ impl RestoredState {
         self.location.parent().parent().child(crate::checkpoint::storage::SHARED_DIR)
     }
 
-    pub fn source_positions(&self) -> Result<Vec<SourcePositions>> {
-        self.inline_states(SOURCE_ID).map(|v| v.into_iter().map(|(_, s)| s).collect())
-    }
-
-    /// Every old sink subtask's state, with its old subtask index.
-    pub fn sink_states(&self) -> Result<Vec<(u32, SinkState)>> {
-        self.inline_states(SINK_ID)
+    /// Every old source subtask's positions, kept under `state_id`.
+    pub fn source_positions(&self, state_id: &str) -> Result<Vec<SourcePositions>> {
+        self.inline_states(state_id).map(|v| v.into_iter().map(|(_, s)| s).collect())
     }
 
     /// Every old subtask's state of the output kept under `id` (the sink's,

@@ -30,7 +30,7 @@ use crate::error::{Error, Result};
 use crate::exchange::partition::Partitioner;
 use crate::exchange::{Barrier, Message};
 use crate::operator::Operator;
-use crate::plan::{EventTimePlan, SINK_ID, SOURCE_ID};
+use crate::plan::EventTimePlan;
 use crate::sink::SinkWriter;
 use crate::source::{Poll, RowSplits, SourceReader};
 
@@ -141,7 +141,8 @@ pub enum Notification {
 
 pub enum Input {
     /// `ahead` is set under at-most-once: batches read, marked, not yet emitted.
-    Source { reader: SourceReader, triggers: mpsc::UnboundedReceiver<Barrier>, ahead: Option<ReadAhead> },
+    /// `state_id`: where checkpoints keep the source's positions.
+    Source { reader: SourceReader, triggers: mpsc::UnboundedReceiver<Barrier>, ahead: Option<ReadAhead>, state_id: String },
     Gate(InputGate),
 }
 
@@ -172,7 +173,8 @@ pub struct AtMostOnce {
 
 pub enum Output {
     Exchange { partitioner: Partitioner, senders: Vec<mpsc::Sender<Message>> },
-    Sink { sink: SinkWriter, notifications: broadcast::Receiver<Notification> },
+    /// `state_id`: where checkpoints keep the sink's pending output.
+    Sink { sink: SinkWriter, notifications: broadcast::Receiver<Notification>, state_id: String },
 }
 
 /// A window's side output of late records: a file output written like the
@@ -384,7 +386,7 @@ impl Subtask {
 
     async fn next_event(&mut self, source_done: &mut bool, paused: bool, input_ended: bool, flush_at: Option<tokio::time::Instant>) -> Result<Event> {
         let (notifications, sink) = match &mut self.output {
-            Output::Sink { notifications, sink } => (Some(notifications), Some(sink)),
+            Output::Sink { notifications, sink, .. } => (Some(notifications), Some(sink)),
             _ => (self.notifications.as_mut(), None),
         };
         let sink_committed = async {
@@ -410,7 +412,7 @@ impl Subtask {
                     GateEvent::Watermark(w) => Event::Watermark(w),
                     GateEvent::Idle => Event::InputIdle,
                 }),
-                Input::Source { reader, triggers, ahead } => {
+                Input::Source { reader, triggers, ahead, .. } => {
                     if let Ok(b) = triggers.try_recv() {
                         return Ok(Event::Barrier(b));
                     }
@@ -529,9 +531,9 @@ impl Subtask {
         in_flight: Option<tokio::sync::oneshot::Receiver<Vec<RecordBatch>>>,
     ) -> Result<()> {
         let mut inline: Vec<(String, OperatorSubtaskState)> = Vec::new();
-        if let Input::Source { reader, .. } = &self.input {
+        if let Input::Source { reader, state_id, .. } = &self.input {
             let positions = serde_json::to_value(reader.positions()?).map_err(|e| Error::Job(e.to_string()))?;
-            inline.push((SOURCE_ID.into(), OperatorSubtaskState { subtask: self.index, inline: Some(positions), file: None, shared: Vec::new() }));
+            inline.push((state_id.clone(), OperatorSubtaskState { subtask: self.index, inline: Some(positions), file: None, shared: Vec::new() }));
         }
         // The synchronous part: copies of keyed state. Incremental ones
         // copy what changed since the last file of their chain; savepoints
@@ -573,13 +575,13 @@ impl Subtask {
             }
         }
         match &mut self.output {
-            Output::Sink { sink, .. } => {
+            Output::Sink { sink, state_id, .. } => {
                 if let Some(state) = sink.pre_commit(barrier.checkpoint_id).await? {
                     if barrier.savepoint {
                         crate::sink::copy_log_into_savepoint(&state, &self.storage, &barrier.dir).await?;
                     }
                     let v = serde_json::to_value(state).map_err(|e| Error::Job(e.to_string()))?;
-                    inline.push((SINK_ID.into(), OperatorSubtaskState { subtask: self.index, inline: Some(v), file: None, shared: Vec::new() }));
+                    inline.push((state_id.clone(), OperatorSubtaskState { subtask: self.index, inline: Some(v), file: None, shared: Vec::new() }));
                 }
             }
             Output::Exchange { senders, .. } => {

@@ -51,6 +51,47 @@ fn state_of_a_removed_stateful_step_is_refused_naming_it_unless_allowed() {
     assert!(lines.iter().any(|l| l.get("count").is_none()), "the second run still counted");
 }
 
+/// `Job::counting`'s pipeline written as a graph whose nodes have the
+/// chain's names (`source`, the step ids, `sink`), or another source name.
+fn counting_graph(parallelism: u32, events: u64, keys: u64, rate: u64, source: &str) -> String {
+    format!(
+        "name: eo-test\nparallelism: {parallelism}\ncheckpoint:\n  interval: 200ms\n  mode: aligned\n\
+         sources:\n  {source}:\n    generator: {{events: {events}, keys: {keys}, rate: {rate}, batch_size: 256}}\n\
+         steps:\n  - {{name: running_count-0, input: key_by-0, running_count: count}}\n  - {{name: key_by-0, input: {source}, key_by: key}}\n\
+         sinks:\n  sink:\n    input: running_count-0\n    file: {{path: out/eo, format: jsonl, guarantee: exactly-once}}\n"
+    )
+}
+
+#[test]
+fn a_savepoint_of_a_chain_restores_into_the_same_path_written_as_a_graph_and_back() {
+    let (events, keys, rate) = (90_000, 20, 15_000);
+    let job = Job::counting(2, events, keys, rate, "200ms");
+    let chain = std::fs::read_to_string(job.path("pipeline.yaml")).unwrap();
+    let sp = stop_with_savepoint(&job);
+    // The graph keeps its state under the chain's ids: the counts go on.
+    job.write_pipeline(&counting_graph(2, events, keys, rate, "source"));
+    let child = job.spawn(&["--restore", &sp]);
+    let sp = job.take_savepoint_with(&["--stop"]);
+    let out = wait_with_timeout(child, Duration::from_secs(30));
+    assert!(out.status.success(), "{}", stderr(&out));
+    // And the graph's savepoint restores into the chain, at another parallelism.
+    job.write_pipeline(&chain);
+    let out = job.run(&["--restore", &sp, "--parallelism", "3"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    job.assert_exactly_once();
+}
+
+#[test]
+fn a_graph_whose_source_has_another_name_than_the_savepoints_is_refused_naming_it() {
+    let job = Job::counting(1, 40_000, 10, 10_000, "200ms");
+    let sp = stop_with_savepoint(&job);
+    job.write_pipeline(&counting_graph(1, 40_000, 10, 10_000, "events"));
+    let before = tree_digest(job.dir.path());
+    let err = assert_refused(&job.run(&["--restore", &sp]));
+    assert!(err.contains("state for `source` that the pipeline no longer has") && err.contains("--allow-non-restored-state"), "{err}");
+    assert_eq!(tree_digest(job.dir.path()), before, "a refused restore changed files");
+}
+
 /// Rewrites the metadata of the snapshot in `dir` through `edit`, with a
 /// valid checksum: what a future release's savepoint looks like to this one.
 fn rewrite_metadata(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {

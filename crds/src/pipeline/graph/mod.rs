@@ -88,7 +88,72 @@ impl<'a> NodeRef<'a> {
     }
 }
 
+/// A graph that is one path: one source, steps that each read the node
+/// before them and are read by the next one only, one sink. Every chain is
+/// one; it is the shape the runtime plans so far (runtime/design/graphs.md §6).
+#[derive(Debug, Clone)]
+pub struct PipelinePath<'a> {
+    pub source: &'a Node<SourceNode>,
+    /// From the source to the sink.
+    pub steps: Vec<&'a Node<StepKind>>,
+    pub sink: &'a Node<SinkSpec>,
+}
+
+/// Why a graph is not one path: where (a field) and what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotAPath {
+    pub field: String,
+    pub message: String,
+}
+
+impl NotAPath {
+    fn at(node: NodeRef, message: String) -> NotAPath {
+        let message = format!("{message}: the runtime runs one path from one source through its steps to one sink so far");
+        NotAPath { field: node.path().to_string(), message }
+    }
+}
+
 impl PipelineGraph {
+    /// The graph as one path, or the first node that makes it something
+    /// else: a second source or sink, a node read twice, a step reading
+    /// several inputs.
+    pub fn as_path(&self) -> Result<PipelinePath<'_>, NotAPath> {
+        let (Some(source), Some(sink)) = (self.sources.first(), self.sinks.first()) else {
+            return Err(NotAPath { field: "sources".into(), message: "expected a source and a sink".into() });
+        };
+        if let Some(second) = self.sources.get(1) {
+            return Err(NotAPath::at(NodeRef::Source(second), format!("`{}`: several sources in one job are not planned yet", second.name)));
+        }
+        if let Some(second) = self.sinks.get(1) {
+            return Err(NotAPath::at(NodeRef::Sink(second), format!("`{}`: several sinks in one job are not planned yet", second.name)));
+        }
+        let mut steps = Vec::with_capacity(self.steps.len());
+        let mut previous = NodeRef::Source(source);
+        // Each round moves one node on; a cycle (in an unchecked pipeline)
+        // ends the walk rather than running it forever.
+        for _ in 0..=self.steps.len() {
+            let readers = self.consumers(previous.name());
+            match readers.as_slice() {
+                [] => break,
+                [_, second, ..] => {
+                    let message = format!("`{}` and `{}` both read `{}`: fan-out is not planned yet", readers[0].name(), second.name(), previous.name());
+                    return Err(NotAPath::at(*second, message));
+                }
+                [NodeRef::Sink(_)] => return Ok(PipelinePath { source, steps, sink }),
+                [NodeRef::Step(step)] if step.inputs.len() > 1 => {
+                    let message = format!("`{}`: {} steps are not planned yet", step.name, step.spec.name());
+                    return Err(NotAPath::at(NodeRef::Step(step), message));
+                }
+                [NodeRef::Step(step)] => {
+                    steps.push(*step);
+                    previous = NodeRef::Step(step);
+                }
+                [NodeRef::Source(_)] => break,
+            }
+        }
+        Err(NotAPath::at(NodeRef::Sink(sink), format!("`{}` is not reached from `{}` through one path", sink.name, source.name)))
+    }
+
     /// Every node in the order written: sources, steps, sinks.
     pub fn nodes(&self) -> impl Iterator<Item = NodeRef<'_>> {
         let sources = self.sources.iter().map(NodeRef::Source);

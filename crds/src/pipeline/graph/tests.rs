@@ -440,3 +440,36 @@ fn a_graph_guarantee_names_the_weakest_source_or_sink() {
     let (g, why) = parse(&base("    generator: {}\n  b:", &format!("{socket}  b:"))).unwrap().guarantee_and_reason();
     assert_eq!((g, why.as_str()), (Guarantee::AtMostOnce, "the socket source `a` cannot replay what it read before a failure"));
 }
+
+#[test]
+fn a_path_written_out_of_order_is_walked_from_its_source_to_its_sink() {
+    let spec = parse(
+        "name: p\nsources:\n  events:\n    generator: {}\nsteps:\n  - {name: counts, input: keyed, running_count: n}\n  - {name: keyed, input: evens, key_by: key}\n  - {name: evens, input: events, filter: \"seq % 2 = 0\"}\nsinks:\n  out:\n    input: counts\n    blackhole: {}\n",
+    )
+    .unwrap();
+    let graph = spec.graph();
+    let path = graph.as_path().unwrap();
+    assert_eq!(path.source.name, "events");
+    assert_eq!(path.steps.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["evens", "keyed", "counts"]);
+    assert_eq!(path.sink.name, "out");
+    // A chain is a path of its own steps.
+    let chain = parse("name: c\nsource: {generator: {}}\nsteps: [{key_by: key}, {running_count: n}]\nsink: {blackhole: {}}\n").unwrap();
+    let graph = chain.graph();
+    let path = graph.as_path().unwrap();
+    assert_eq!((path.source.name.as_str(), path.steps.len(), path.sink.name.as_str()), ("source", 2, "sink"));
+}
+
+#[test]
+fn what_is_not_one_path_is_refused_naming_the_node_that_makes_it_so() {
+    let not_a_path = |text: &str| parse(text).unwrap().graph().as_path().unwrap_err();
+    let err = not_a_path("name: p\nsources:\n  a: {generator: {}}\n  b: {generator: {}}\nsteps:\n  - {name: both, input: [a, b], union: {}}\nsinks:\n  out: {input: both, blackhole: {}}\n");
+    assert_eq!(err.field, "sources.b");
+    assert!(err.message.starts_with("`b`: several sources in one job are not planned yet: the runtime runs one path"), "{}", err.message);
+    let err = not_a_path("name: p\nsources:\n  a: {generator: {}}\nsinks:\n  one: {input: a, blackhole: {}}\n  two: {input: a, blackhole: {}}\n");
+    assert_eq!((err.field.as_str(), err.message.starts_with("`two`: several sinks")), ("sinks.two", true), "{}", err.message);
+    let err = not_a_path(
+        "name: p\nsources:\n  a: {generator: {}}\nsteps:\n  - {name: x, input: a, filter: \"seq > 1\"}\n  - {name: y, input: a, filter: \"seq > 2\"}\n  - {name: xy, input: [x, y], union: {}}\nsinks:\n  out: {input: xy, blackhole: {}}\n",
+    );
+    assert_eq!(err.field, "steps[1]");
+    assert!(err.message.starts_with("`x` and `y` both read `a`: fan-out is not planned yet"), "{}", err.message);
+}
