@@ -90,14 +90,17 @@ const RUN_LIMIT: Duration = Duration::from_secs(90);
 /// a stateless filter before `key_by` (the count keeps its state through its
 /// `id`) and the checkpoint interval and mode (aligned, unaligned, or
 /// aligned with an alignment timeout: a restore hands an unaligned
-/// checkpoint's in-flight records to a job of any mode), and whether
-/// checkpoints are incremental. None changes the output.
+/// checkpoint's in-flight records to a job of any mode), whether
+/// checkpoints are incremental, and whether the pipeline is written as a
+/// chain or as the same path in graph form (whose nodes keep the chain's
+/// state ids). None changes the output.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Shape {
     filter: bool,
     interval_ms: u64,
     mode: Mode,
     incremental: bool,
+    graph: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -131,11 +134,32 @@ struct Size {
 
 fn pipeline_yaml(size: Size, shape: Shape, parallelism: u32, sink: &str) -> String {
     let Size { events, keys, rate } = size;
+    if shape.graph {
+        return graph_yaml(size, shape, parallelism, sink);
+    }
     let filter = if shape.filter { "  - filter: \"seq >= 0\"\n" } else { "" };
     format!(
         "name: eo-test\nparallelism: {parallelism}\nmax_parallelism: {MAX_PARALLELISM}\ncheckpoint:\n  interval: {}ms\n  incremental: {}\n{}\
          source:\n  generator:\n    events: {events}\n    keys: {keys}\n    rate: {rate}\n    batch_size: 100\n\
          steps:\n{filter}  - key_by: key\n  - running_count: count\n    id: counts\n{sink}",
+        shape.interval_ms,
+        shape.incremental,
+        shape.mode.yaml()
+    )
+}
+
+/// `pipeline_yaml`'s pipeline as a graph: the source and sink named as a
+/// chain's (`source`, `sink`) and the count named by its id, so that either
+/// form restores the other's snapshots; the steps written out of order.
+fn graph_yaml(size: Size, shape: Shape, parallelism: u32, sink: &str) -> String {
+    let Size { events, keys, rate } = size;
+    let (filter, keyed_input) = if shape.filter { ("  - {name: all, input: source, filter: \"seq >= 0\"}\n", "all") } else { ("", "source") };
+    let sink_node: String = sink.strip_prefix("sink:\n").unwrap_or(sink).lines().map(|l| format!("  {l}\n")).collect();
+    format!(
+        "name: eo-test\nparallelism: {parallelism}\nmax_parallelism: {MAX_PARALLELISM}\ncheckpoint:\n  interval: {}ms\n  incremental: {}\n{}\
+         sources:\n  source:\n    generator:\n      events: {events}\n      keys: {keys}\n      rate: {rate}\n      batch_size: 100\n\
+         steps:\n  - {{name: counts, input: keyed, running_count: count}}\n{filter}  - {{name: keyed, input: {keyed_input}, key_by: key}}\n\
+         sinks:\n  sink:\n    input: counts\n{sink_node}",
         shape.interval_ms,
         shape.incremental,
         shape.mode.yaml()
@@ -489,7 +513,7 @@ fn draw_plan(rng: &mut StdRng) -> Vec<Action> {
             12..=13 => Action::Restore { pick: rng.random_range(0..64), parallelism: rng.random_range(1..=4) },
             14 => Action::Rescale { parallelism: rng.random_range(1..=4), via_savepoint: rng.random_bool(0.5) },
             15 => Action::ChangePipeline {
-                shape: Shape { filter: rng.random_bool(0.5), interval_ms: [100, 150, 200, 300][rng.random_range(0..4)], mode: Mode::draw(rng), incremental: rng.random_bool(0.5) },
+                shape: Shape { filter: rng.random_bool(0.5), interval_ms: [100, 150, 200, 300][rng.random_range(0..4)], mode: Mode::draw(rng), incremental: rng.random_bool(0.5), graph: rng.random_bool(0.5) },
                 via_savepoint: rng.random_bool(0.5),
             },
             16..=17 => Action::SecondRun { after_ms: rng.random_range(0..800) },
@@ -603,7 +627,7 @@ impl<'a> Model<'a> {
             .stdout(std::fs::File::create(&out).unwrap())
             .stderr(std::fs::File::create(&err).unwrap())
             .process_group(0);
-        let what = format!("weir run --parallelism {}{}{} ({})", self.parallelism, if self.shape.filter { " +filter" } else { "" }, restore.map(|r| format!(" --restore {r}")).unwrap_or_default(), err.file_name().unwrap().to_string_lossy());
+        let what = format!("weir run --parallelism {}{}{}{} ({})", self.parallelism, if self.shape.filter { " +filter" } else { "" }, if self.shape.graph { " (graph)" } else { "" }, restore.map(|r| format!(" --restore {r}")).unwrap_or_default(), err.file_name().unwrap().to_string_lossy());
         self.note(what);
         (KillOnDrop::new(c.spawn().unwrap()), err)
     }
@@ -1316,7 +1340,7 @@ fn run_sequence(seed: u64, stop_supported: bool, connectors: Option<&postgres::S
     let keys = MAX_PARALLELISM as u64 * rng.random_range(2..=3);
     // 2.5 to 5 s of events: long enough for kills and savepoints to land mid-run.
     let size = Size { events: rng.random_range(20_000..=40_000), keys, rate: 8_000 };
-    let shape = Shape { filter: rng.random_bool(0.3), interval_ms: [100, 150, 200, 300][rng.random_range(0..4)], mode: Mode::draw(&mut rng), incremental: rng.random_bool(0.5) };
+    let shape = Shape { filter: rng.random_bool(0.3), interval_ms: [100, 150, 200, 300][rng.random_range(0..4)], mode: Mode::draw(&mut rng), incremental: rng.random_bool(0.5), graph: rng.random_bool(0.5) };
     let parallelism = rng.random_range(1..=4);
     let plan = draw_plan(&mut rng);
     if let Ok(focus) = std::env::var("WEIR_LIFECYCLE_FOCUS") {
@@ -1393,7 +1417,7 @@ fn a_failure_free_run_commits_exactly_the_records_the_oracle_expects() {
     // parallelism, with or without the filter step.
     for (parallelism, filter, keys) in [(3, false, 16), (2, true, 24), (4, false, 24)] {
         let size = Size { events: 20_000, keys, rate: 0 };
-        let job = Job::with_pipeline(&pipeline_yaml(size, Shape { filter, interval_ms: 100, mode: Mode::Aligned, incremental: false }, parallelism, &Output::File.sink_yaml()), size.events, keys);
+        let job = Job::with_pipeline(&pipeline_yaml(size, Shape { filter, interval_ms: 100, mode: Mode::Aligned, incremental: false, graph: false }, parallelism, &Output::File.sink_yaml()), size.events, keys);
         let out = job.run(&[]);
         assert!(out.status.success(), "{}", stderr(&out));
         let lines = output::committed_files(&job.path("out/eo")).unwrap_or_else(|e| panic!("{e:?}"));
