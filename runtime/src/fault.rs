@@ -37,6 +37,9 @@
 //! with `WEIR_FAILING_PUT_ONCE=<file>` only the first such write of all the
 //! processes sharing `<file>` fails (a restore that took the same
 //! checkpoint id again would otherwise fail the same way forever).
+//! `WEIR_SLOW_SAVEPOINT_POLL=<duration>` makes `weir savepoint` wait that
+//! long, instead of 100 ms, before it asks the job how its savepoint went:
+//! a stopped job is then gone before the answer is read.
 
 use std::sync::OnceLock;
 
@@ -84,6 +87,13 @@ pub fn slow_sink() -> Option<std::time::Duration> {
         let d = weir_api::pipeline::HumanDuration::parse(&text).ok()?;
         Some(d.get())
     })
+}
+
+/// How long `weir savepoint` waits between asking how its savepoint went
+/// (`WEIR_SLOW_SAVEPOINT_POLL`); none when unset.
+pub fn slow_savepoint_poll() -> Option<std::time::Duration> {
+    let text = std::env::var("WEIR_SLOW_SAVEPOINT_POLL").ok()?;
+    Some(weir_api::pipeline::HumanDuration::parse(&text).ok()?.get())
 }
 
 /// Waits before a shared state file of `checkpoint_id` is written, when

@@ -378,24 +378,42 @@ async fn call_job<T: serde::de::DeserializeOwned>(run: &local::RunInfo, method: 
 }
 
 /// Requests a savepoint and polls its outcome until it is decided.
-async fn take_savepoint(run: &local::RunInfo, stop: bool, within: Duration) -> anyhow::Result<weir_api::control::CheckpointStatus> {
+async fn take_savepoint(run: &local::RunInfo, state_dir: &str, stop: bool, within: Duration) -> anyhow::Result<weir_api::control::CheckpointStatus> {
     let deadline = Instant::now() + within;
+    let asked_unix_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
     // The id makes asking again safe: a retry never takes a second savepoint.
     let request_id = format!("cli-{:016x}", rand::random::<u64>());
     let body = serde_json::to_vec(&SavepointRequest { request_id: Some(request_id.clone()), stop })?;
     let mut outcome: SavepointOutcome = call_job(run, "POST", "/v1/savepoints", Some(&body), Duration::from_secs(10)).await?;
+    let poll = weir_runtime::fault::slow_savepoint_poll().unwrap_or(Duration::from_millis(100));
     while outcome.state == SavepointState::Pending {
         if Instant::now() >= deadline {
             anyhow::bail!("savepoint {request_id} of `{}` is still pending after {}s", run.job, within.as_secs());
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        outcome = call_job(run, "GET", &format!("/v1/savepoints/{request_id}"), None, Duration::from_secs(10)).await?;
+        tokio::time::sleep(poll).await;
+        outcome = match call_job(run, "GET", &format!("/v1/savepoints/{request_id}"), None, Duration::from_secs(10)).await {
+            Ok(o) => o,
+            // A local job stopped with a savepoint ends at once, and its
+            // control endpoint with it, maybe before the answer was read:
+            // its final status says how it ended.
+            Err(e) if stop => return stopped_since(state_dir, run, asked_unix_ms).await?.ok_or(e),
+            Err(e) => return Err(e),
+        };
     }
     match (outcome.state, outcome.savepoint) {
         (SavepointState::Completed, Some(sp)) => Ok(sp),
         (SavepointState::Completed, None) => anyhow::bail!("savepoint {request_id} of `{}` completed without a location", run.job),
         _ => anyhow::bail!("savepoint of `{}` failed: {}", run.job, outcome.error.unwrap_or_else(|| "no reason given".into())),
     }
+}
+
+/// The savepoint the job `run` stopped with, if its final status says it
+/// was stopped by a savepoint completed after `since_unix_ms`.
+async fn stopped_since(state_dir: &str, run: &local::RunInfo, since_unix_ms: u64) -> anyhow::Result<Option<weir_api::control::CheckpointStatus>> {
+    let storage = CheckpointStorage::open(state_dir, &run.job, false)?;
+    let Some(bytes) = storage.job_root.get(weir_runtime::checkpoint::coordinator::FINAL_STATUS).await? else { return Ok(None) };
+    let st: JobStatus = serde_json::from_slice(&bytes).context("reading the final status")?;
+    Ok(st.last_savepoint.filter(|sp| st.phase == "stopped" && sp.completed_unix_ms >= since_unix_ms))
 }
 
 async fn run_command(command: Command) -> anyhow::Result<()> {
@@ -446,7 +464,7 @@ async fn run_command(command: Command) -> anyhow::Result<()> {
         }
         Command::Savepoint { state_dir, job, stop } => {
             let run = local::find_run(&state_dir, job.as_deref()).await?;
-            let sp = take_savepoint(&run, stop, Duration::from_secs(600)).await?;
+            let sp = take_savepoint(&run, &state_dir, stop, Duration::from_secs(600)).await?;
             let how = if stop { "; the job stops" } else { "" };
             eprintln!("savepoint {} of `{}` complete in {} ms{how}", sp.id, run.job, sp.duration_ms);
             println!("{}", sp.location);

@@ -228,6 +228,25 @@ fn stop_with_a_savepoint_ends_a_bounded_local_job_and_the_savepoint_resumes_it()
 }
 
 #[test]
+fn a_stop_whose_job_is_gone_before_the_answer_is_read_still_reports_its_savepoint() {
+    // A stopped local job ends at once, and its control endpoint with it;
+    // here `weir savepoint --stop` asks how it went only after 2 s, when the
+    // job is surely gone (CI once lost that race against the usual 100 ms).
+    let job = Job::counting(1, 60_000, 20, 15_000, "200ms");
+    let child = job.spawn(&[]);
+    wait_for("a first checkpoint", Duration::from_secs(30), || latest_checkpoint_id(&job).is_some());
+    let out = job.weir(&["savepoint", "--stop", "--state-dir", &job.state]).env("WEIR_SLOW_SAVEPOINT_POLL", "2s").output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let sp = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let run = wait_with_timeout(child, Duration::from_secs(20));
+    assert!(run.status.success(), "{}", stderr(&run));
+    assert!(stderr(&run).contains(&format!("stopped `eo-test` with savepoint {sp}")), "the CLI named {sp:?}:\n{}", stderr(&run));
+    let out = wait_with_timeout(job.spawn(&["--restore", &sp]), Duration::from_secs(60));
+    assert!(out.status.success(), "{}", stderr(&out));
+    job.assert_exactly_once();
+}
+
+#[test]
 fn run_json_holding_the_control_token_is_readable_only_by_its_owner() {
     let job = Job::counting(1, 30_000, 10, 15_000, "200ms");
     let child = job.spawn(&[]);
