@@ -146,15 +146,7 @@ fn plan_window(stream: &mut Stream, w: &WindowSpec, at: StepAt) -> Result<Operat
         };
         let (input, input_type) = match input {
             None => (None, DataType::Int64),
-            Some(name) => {
-                let (pos, f) = schema
-                    .column_with_name(name)
-                    .ok_or_else(|| at.invalid(format!("aggregates[{j}]: no field `{name}`: expected one of {}", names(&schema))))?;
-                match f.data_type() {
-                    DataType::Int64 | DataType::Float64 => (Some(pos), f.data_type().clone()),
-                    other => return Err(at.invalid(format!("aggregates[{j}]: `{name}` has type {other}: expected int64 or float64"))),
-                }
-            }
+            Some(name) => numeric_column(&schema, name, &at, &format!("aggregates[{j}]: "))?,
         };
         let output_type = if function == WindowFn::Avg { DataType::Float64 } else { input_type.clone() };
         if fields.iter().any(|f| f.name() == &output) {
@@ -196,15 +188,7 @@ fn plan_running(stream: &mut Stream, function: AggFn, input: Option<&String>, ou
     }
     let (input, output_type) = match input {
         None => (None, DataType::Int64),
-        Some(name) => {
-            let (pos, f) = schema
-                .column_with_name(name)
-                .ok_or_else(|| at.invalid(format!("no field `{name}`: expected one of {}", names(&schema))))?;
-            match f.data_type() {
-                DataType::Int64 | DataType::Float64 => (Some(pos), f.data_type().clone()),
-                other => return Err(at.invalid(format!("`{name}` has type {other}: expected int64 or float64"))),
-            }
-        }
+        Some(name) => numeric_column(&schema, name, &at, "")?,
     };
     if schema.column_with_name(&output).is_some() {
         return Err(at.invalid(format!("the output field `{output}` already exists: choose another name")));
@@ -214,6 +198,18 @@ fn plan_running(stream: &mut Stream, function: AggFn, input: Option<&String>, ou
     stream.schema = Arc::new(Schema::new(fields));
     let kind = OperatorKind::Running(RunningPlan { key_indices, function, input, output_type });
     Ok(at.operator(kind, &stream.schema))
+}
+
+/// The column an aggregate reads and its type, which must be int64 or
+/// float64; errors start with `context` (which aggregate of the step).
+fn numeric_column(schema: &Schema, name: &str, at: &StepAt, context: &str) -> Result<(Option<usize>, DataType)> {
+    let (pos, f) = schema
+        .column_with_name(name)
+        .ok_or_else(|| at.invalid(format!("{context}no field `{name}`: expected one of {}", names(schema))))?;
+    match f.data_type() {
+        DataType::Int64 | DataType::Float64 => Ok((Some(pos), f.data_type().clone())),
+        other => Err(at.invalid(format!("{context}`{name}` has type {other}: expected int64 or float64"))),
+    }
 }
 
 /// Adds the file and line to an expression error.
