@@ -58,6 +58,9 @@ pub struct CoordinatorConfig {
     pub parallelism: u32,
     pub max_parallelism: u32,
     pub stages: usize,
+    /// How many stages read a source: the final checkpoint comes once
+    /// every subtask of each has finished.
+    pub source_stages: usize,
     pub workers: usize,
     /// Zero: no periodic checkpoints (savepoints and the final checkpoint still happen).
     pub interval: Duration,
@@ -123,7 +126,7 @@ struct Coordinator {
     next_id: u64,
     pending: Option<Pending>,
     last_trigger: Instant,
-    sources_finished: BTreeSet<u32>,
+    sources_finished: BTreeSet<(usize, u32)>,
     final_completed: bool,
     final_failed: bool,
     /// Savepoints asked for and not yet triggered, oldest first.
@@ -413,8 +416,8 @@ impl Coordinator {
                         self.abort_pending(format!("declined by worker {worker}: {reason}")).await;
                     }
                 }
-                ToCoordinator::SourceFinished { subtask } => {
-                    self.sources_finished.insert(subtask);
+                ToCoordinator::SourceFinished { stage, subtask } => {
+                    self.sources_finished.insert((stage, subtask));
                 }
                 ToCoordinator::Committed { checkpoint_id } => self.on_committed(worker, checkpoint_id),
                 ToCoordinator::Metrics { records_in, records_out, records_skipped, records_late } => {
@@ -459,7 +462,7 @@ impl Coordinator {
             self.trigger(SnapshotKind::Checkpoint, false, None).await;
         } else if let Some(request) = self.savepoint_queue.pop_front() {
             self.trigger(SnapshotKind::Savepoint, false, Some(request)).await;
-        } else if self.sources_finished.len() == self.cfg.parallelism as usize {
+        } else if self.sources_finished.len() == self.cfg.source_stages * self.cfg.parallelism as usize {
             self.trigger(SnapshotKind::Checkpoint, true, None).await;
         } else if !self.cfg.interval.is_zero() && self.last_trigger.elapsed() >= self.cfg.interval {
             self.trigger(SnapshotKind::Checkpoint, false, None).await;
@@ -787,6 +790,7 @@ mod tests {
             parallelism: 1,
             max_parallelism: 8,
             stages: 1,
+            source_stages: 1,
             workers: 1,
             interval: Duration::from_millis(50),
             snapshots: true,
@@ -844,6 +848,7 @@ mod tests {
             parallelism: 2,
             max_parallelism: 8,
             stages: 1,
+            source_stages: 1,
             workers: 2,
             interval: Duration::ZERO,
             snapshots: true,
@@ -879,6 +884,7 @@ mod tests {
             parallelism: 1,
             max_parallelism: 8,
             stages: 1,
+            source_stages: 1,
             workers: 1,
             interval: Duration::from_millis(30),
             snapshots: true,

@@ -40,6 +40,10 @@ pub struct Hello {
     pub run_id: String,
     /// The downstream stage.
     pub stage: usize,
+    /// Which of the stage's inputs (a union's or a join's); absent from a
+    /// worker of before graphs, whose stages had one input.
+    #[serde(default)]
+    pub input: usize,
     pub from: u32,
     pub to: u32,
 }
@@ -244,5 +248,13 @@ mod tests {
         let err = enc.encode(&Message::Batch(b)).unwrap_err();
         assert!(err.is_fatal(), "{err}");
         assert!(err.to_string().contains(&format!("frame limit of {limit} bytes")), "{err}");
+    }
+
+    #[test]
+    fn a_hello_without_an_input_is_for_input_0_and_one_with_names_it() {
+        let old = br#"{"run_id":"r","stage":2,"from":1,"to":0}"#;
+        assert_eq!(decode_hello("p", old).unwrap(), Hello { run_id: "r".into(), stage: 2, input: 0, from: 1, to: 0 });
+        let h = Hello { run_id: "r".into(), stage: 3, input: 1, from: 0, to: 1 };
+        assert_eq!(decode_hello("p", &encode_hello(&h)).unwrap(), h);
     }
 }

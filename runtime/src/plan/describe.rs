@@ -9,13 +9,13 @@ use std::fmt::Write;
 
 use arrow::datatypes::Schema;
 
-use super::{AggFn, JobPlan, OperatorKind, OperatorPlan, StageOutput, WindowFn, WindowPlan};
+use super::{AggFn, EdgeKind, JobPlan, OperatorKind, OperatorPlan, StageInput, StageOutput, StagePlan, WindowFn, WindowPlan};
 
 impl JobPlan {
     /// The plan as text, stable for a given pipeline.
     pub fn describe(&self) -> String {
         let mut out = String::new();
-        let (source, sink) = (self.source.spec.kind(), self.sink.spec.kind());
+        let sink = self.sink.spec.kind();
         let stages = self.stages.len();
         let _ = writeln!(
             out,
@@ -25,27 +25,23 @@ impl JobPlan {
             self.spec.parallelism,
             self.spec.max_parallelism
         );
-        for (i, stage) in self.stages.iter().enumerate() {
-            if i == 0 {
-                let _ = write!(out, "stage 0 reads source {} {}", source, fields(&stage.input_schema));
-                if let Some(et) = &self.event_time {
-                    let _ = write!(out, ", event time `{}` out of order by {} ms", et.field, et.max_out_of_orderness_ms);
-                    if let Some(idle) = et.idle_timeout {
-                        let _ = write!(out, ", idle after {} ms", idle.as_millis());
-                    }
-                }
-                out.push('\n');
-            } else {
-                let _ = writeln!(out, "stage {i} reads the exchange {}", fields(&stage.input_schema));
-            }
+        for stage in &self.stages {
+            self.describe_input(&mut out, stage);
             let mut input = stage.input_schema.as_ref();
             for op in &stage.operators {
                 let _ = writeln!(out, "  {} ({}): {} -> {}", op.id, op.step, operator(op, input), fields(&op.output_schema));
                 input = op.output_schema.as_ref();
             }
             match &stage.output {
-                StageOutput::Exchange { key_indices } => {
-                    let _ = writeln!(out, "  hash by [{}] into stage {}", columns(input, key_indices), i + 1);
+                StageOutput::Edges(edges) => {
+                    for e in edges {
+                        let into = if e.input == 0 { format!("stage {}", e.to_stage) } else { format!("stage {} as input {}", e.to_stage, e.input) };
+                        let _ = match &e.kind {
+                            EdgeKind::Hash { key_indices } => writeln!(out, "  hash by [{}] into {into}", columns(input, key_indices)),
+                            EdgeKind::Forward => writeln!(out, "  forward into {into}"),
+                            EdgeKind::Broadcast => writeln!(out, "  broadcast into {into}"),
+                        };
+                    }
                 }
                 StageOutput::Sink => {
                     let _ = writeln!(out, "  writes sink {} {}", sink, fields(&stage.output_schema));
@@ -54,6 +50,46 @@ impl JobPlan {
         }
         let _ = writeln!(out, "state ids: {}", self.stateful_operator_ids().join(", "));
         out
+    }
+}
+
+impl JobPlan {
+    /// The stage's first line: what it reads. A chain's stages read "source
+    /// <kind>" and "the exchange", as they always have.
+    fn describe_input(&self, out: &mut String, stage: &StagePlan) {
+        let i = stage.index;
+        if let Some(source) = &stage.source {
+            let kind = source.spec.kind();
+            let what = if source.name == "source" { kind.to_string() } else { format!("`{}` ({kind})", source.name) };
+            let _ = write!(out, "stage {i} reads source {what} {}", fields(&stage.input_schema));
+            if let Some(et) = &source.event_time {
+                let _ = write!(out, ", event time `{}` out of order by {} ms", et.field, et.max_out_of_orderness_ms);
+                if let Some(idle) = et.idle_timeout {
+                    let _ = write!(out, ", idle after {} ms", idle.as_millis());
+                }
+            }
+            out.push('\n');
+            return;
+        }
+        if let [StageInput { from_stage, edge: EdgeKind::Hash { .. }, .. }] = stage.inputs.as_slice() {
+            if *from_stage + 1 == i {
+                let _ = writeln!(out, "stage {i} reads the exchange {}", fields(&stage.input_schema));
+                return;
+            }
+        }
+        let inputs: Vec<String> = stage
+            .inputs
+            .iter()
+            .map(|input| {
+                let how = match &input.edge {
+                    EdgeKind::Hash { key_indices } => format!("by hash [{}]", columns(&input.schema, key_indices)),
+                    EdgeKind::Forward => "forward".into(),
+                    EdgeKind::Broadcast => "broadcast".into(),
+                };
+                format!("stage {} {how}", input.from_stage)
+            })
+            .collect();
+        let _ = writeln!(out, "stage {i} (`{}`) reads {} {}", stage.name, inputs.join(" and "), fields(&stage.input_schema));
     }
 }
 

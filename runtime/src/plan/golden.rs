@@ -48,6 +48,25 @@ fn the_streamjob_examples_pipeline_plans_as_kept() {
 }
 
 #[test]
+fn the_graph_example_plans_as_kept() {
+    golden("graph", "examples/graph.yaml", &example("graph.yaml"));
+}
+
+#[test]
+fn a_graph_of_fan_out_union_and_broadcast_plans_as_kept() {
+    golden(
+        "fan-out-union-broadcast",
+        "graph.yaml",
+        "name: shapes\nparallelism: 3\n\
+         sources:\n  a: {generator: {}, event_time: {field: value, idle_timeout: 5s}}\n  b: {file: {path: in, schema: {seq: int64, key: int64, value: int64}}, event_time: {field: value}}\n\
+         steps:\n  - {name: big, input: a, filter: value > 10}\n  - {name: small, input: a, filter: value <= 10}\n\
+         \x20 - {name: kb, input: b, key_by: key}\n  - {name: all, input: [big, small, kb], union: {}}\n\
+         \x20 - {name: everywhere, input: all, broadcast: {}}\n  - {name: renamed, input: everywhere, select: [seq, key, value, \"value * 2 AS twice\"]}\n\
+         sinks:\n  out: {input: renamed, blackhole: {}}\n",
+    );
+}
+
+#[test]
 fn the_lifecycle_tests_pipeline_plans_as_kept() {
     // runtime/tests/runtime/lifecycle's pipeline_yaml, with its filter.
     golden(

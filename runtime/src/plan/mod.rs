@@ -1,11 +1,13 @@
 //! From the pipeline as written to the physical plan: stages of chained
-//! operators separated by key_by exchanges, with every schema and expression
-//! resolved before any process starts.
+//! operators joined by edges, with every schema and expression resolved
+//! before any process starts.
 //!
-//! A stage is what one subtask runs in one task: its input (the source, or the
-//! exchange from the previous stage), its operators called one after the
-//! other, and its output (a hash-partitioned exchange, or the sink). Forward
-//! edges never cross a process; only `key_by` does.
+//! A stage is what one subtask runs in one task: its input (a source, or the
+//! edges from the stages it reads), its operators called one after the
+//! other, and its output (edges into other stages, or the sink). A forward
+//! edge goes from subtask i to subtask i, which slot sharing keeps in one
+//! process; hash (`key_by`) and broadcast edges cross processes.
+//! `stages.rs` decides where stages begin and end.
 
 use std::sync::Arc;
 
@@ -13,32 +15,33 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion_physical_expr::PhysicalExpr;
 use weir_api::pipeline::{FieldType, PipelineSource};
 use weir_api::pipeline::{Node, SourceNode};
-use weir_api::{PipelineSpec, SourceSpec, StepKind};
+use weir_api::{PipelineSpec, SourceSpec};
 
 use crate::error::{Error, Result};
-use steps::{Stream, StepAt};
 
 mod describe;
 #[cfg(test)]
 mod golden;
+mod stages;
 mod steps;
 
 pub struct JobPlan {
     pub spec: PipelineSpec,
-    pub source: SourcePlan,
     pub sink: SinkPlan,
+    /// In the order of the graph's nodes (inputs first); a stage only reads
+    /// stages before it.
     pub stages: Vec<StagePlan>,
-    /// Where sources find event time, when the pipeline has it.
-    pub event_time: Option<EventTimePlan>,
 }
 
-/// The job's source: what it reads and where its positions are kept.
+/// A source: what it reads, where its positions are kept, and where its
+/// records carry their event time.
 #[derive(Clone, Debug)]
 pub struct SourcePlan {
     pub name: String,
     /// Its positions' id in checkpoints: `source` in a chain, its name in a graph.
     pub state_id: String,
     pub spec: SourceSpec,
+    pub event_time: Option<EventTimePlan>,
 }
 
 /// The job's sink: where it writes and where its pending output is kept.
@@ -50,7 +53,7 @@ pub struct SinkPlan {
     pub spec: weir_api::SinkSpec,
 }
 
-/// The source's event-time column and how its watermarks follow it.
+/// A source's event-time column and how its watermarks follow it.
 #[derive(Clone, Debug)]
 pub struct EventTimePlan {
     /// The column in the source's schema (int64, epoch milliseconds).
@@ -62,15 +65,52 @@ pub struct EventTimePlan {
 
 pub struct StagePlan {
     pub index: usize,
+    /// The name of the node the stage starts with, for logs and errors.
+    pub name: String,
+    /// Set for a stage that reads a source (and then has no inputs).
+    pub source: Option<SourcePlan>,
+    /// The edges the stage reads, input k from `inputs[k]`; all of one
+    /// schema (a union merges them; joins come later).
+    pub inputs: Vec<StageInput>,
+    /// What the first operator reads: the source's or the inputs' schema.
     pub input_schema: SchemaRef,
     pub operators: Vec<OperatorPlan>,
     pub output: StageOutput,
     pub output_schema: SchemaRef,
 }
 
+/// One input of a stage: the stage it reads and how records are routed.
+#[derive(Clone, Debug)]
+pub struct StageInput {
+    pub from_stage: usize,
+    /// The records' schema: the upstream stage's output.
+    pub schema: SchemaRef,
+    pub edge: EdgeKind,
+}
+
+/// How an upstream subtask's records reach the downstream subtasks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EdgeKind {
+    /// Subtask i to subtask i, in one process.
+    Forward,
+    /// To the subtask owning each record's key group, by these columns of
+    /// the upstream stage's output.
+    Hash { key_indices: Vec<usize> },
+    /// Every record to every subtask.
+    Broadcast,
+}
+
+/// An edge out of a stage, as its reader's input `input` sees it.
+#[derive(Clone, Debug)]
+pub struct OutEdge {
+    pub to_stage: usize,
+    pub input: usize,
+    pub kind: EdgeKind,
+}
+
 pub enum StageOutput {
-    /// Hash-partition by these columns of `output_schema` into the next stage.
-    Exchange { key_indices: Vec<usize> },
+    /// Into the stages that read this one, each record once per edge.
+    Edges(Vec<OutEdge>),
     Sink,
 }
 
@@ -182,12 +222,12 @@ impl JobPlan {
 }
 
 impl JobPlan {
-    /// The columns stage `stage`'s input is partitioned by (the key of the
-    /// exchange before it); `None` for the first stage.
+    /// The columns stage `stage`'s one input is hash-partitioned by; `None`
+    /// for a stage without inputs, several, or another edge.
     pub fn input_key_indices(&self, stage: usize) -> Option<&[usize]> {
-        match &self.stages.get(stage.checked_sub(1)?)?.output {
-            StageOutput::Exchange { key_indices } => Some(key_indices),
-            StageOutput::Sink => None,
+        match self.stages.get(stage)?.inputs.as_slice() {
+            [StageInput { edge: EdgeKind::Hash { key_indices }, .. }] => Some(key_indices),
+            _ => None,
         }
     }
 
@@ -195,10 +235,16 @@ impl JobPlan {
         self.stages.len()
     }
 
-    /// Every operator id that keeps state, with the stage it runs in.
+    /// The stages that read a source, with the source.
+    pub fn sources(&self) -> impl Iterator<Item = (usize, &SourcePlan)> {
+        self.stages.iter().filter_map(|s| s.source.as_ref().map(|src| (s.index, src)))
+    }
+
+    /// Every id a snapshot of the job keeps state under.
     pub fn stateful_operator_ids(&self) -> Vec<String> {
-        let mut ids = vec![self.source.state_id.clone(), self.sink.state_id.clone()];
-        ids.extend((1..self.stages.len()).map(channel_state_id));
+        let mut ids: Vec<String> = self.sources().map(|(_, s)| s.state_id.clone()).collect();
+        ids.push(self.sink.state_id.clone());
+        ids.extend(self.stages.iter().filter(|s| !s.inputs.is_empty()).map(|s| channel_state_id(s.index)));
         for s in &self.stages {
             for o in &s.operators {
                 if matches!(o.kind, OperatorKind::Running(_) | OperatorKind::Window(_)) {
@@ -242,51 +288,19 @@ pub fn source_schema(spec: &SourceSpec) -> SchemaRef {
 
 /// Plans a parsed pipeline; errors point at the step's line through `src`.
 ///
-/// Both forms of a pipeline are planned from its graph, which must be one
-/// path so far. Steps are chained into one stage until a key_by, which ends
-/// the stage with a hash exchange; the last stage ends in the sink.
+/// Both forms of a pipeline are planned from their graph; `stages.rs` cuts
+/// it into stages.
 pub fn plan(spec: &PipelineSpec, src: &PipelineSource) -> Result<JobPlan> {
-    let graph = spec.graph();
-    let path = graph.as_path().map_err(|e| Error::Pipeline(src.invalid(&e.field, e.message)))?;
-    let source = source_schema(&path.source.spec.spec);
-    let event_time = plan_event_time(path.source, &source, src)?;
-    let mut stream = Stream { schema: source.clone(), keys: None };
-    let mut stages = Vec::new();
-    let mut stage_input = source;
-    let mut operators: Vec<OperatorPlan> = Vec::new();
-    for step in &path.steps {
-        let field = format!("{}.{}", step.path, step.spec.name());
-        let at = StepAt { id: step.state_id.clone(), field, src, event_time: event_time.as_ref() };
-        if let StepKind::KeyBy(fields) = &step.spec {
-            let key_indices = steps::key_indices(&stream, fields, &at)?;
-            stages.push(StagePlan {
-                index: stages.len(),
-                input_schema: stage_input,
-                operators: std::mem::take(&mut operators),
-                output: StageOutput::Exchange { key_indices },
-                output_schema: stream.schema.clone(),
-            });
-            stage_input = stream.schema.clone();
-            stream.keys = Some(fields.clone());
-        } else {
-            operators.push(steps::plan_operator(&mut stream, &step.spec, at)?);
-        }
-    }
-    stages.push(StagePlan {
-        index: stages.len(),
-        input_schema: stage_input,
-        operators,
-        output: StageOutput::Sink,
-        output_schema: stream.schema,
-    });
-    let source = SourcePlan { name: path.source.name.clone(), state_id: path.source.state_id.clone(), spec: path.source.spec.spec.clone() };
-    let sink = SinkPlan { name: path.sink.name.clone(), state_id: path.sink.state_id.clone(), spec: path.sink.spec.clone() };
-    Ok(JobPlan { spec: spec.clone(), source, sink, stages, event_time })
+    let graph = spec.runnable_graph().map_err(|e| Error::Pipeline(src.invalid(&e.field, e.message)))?;
+    let sink = graph.runnable_sink().map_err(|e| Error::Pipeline(src.invalid(&e.field, e.message)))?;
+    let stages = stages::build(&graph, src)?;
+    let sink = SinkPlan { name: sink.name.clone(), state_id: sink.state_id.clone(), spec: sink.spec.clone() };
+    Ok(JobPlan { spec: spec.clone(), sink, stages })
 }
 
 /// Where the source's records carry their event time, checked against the
 /// source's schema.
-fn plan_event_time(source: &Node<SourceNode>, schema: &Schema, src: &PipelineSource) -> Result<Option<EventTimePlan>> {
+pub(super) fn plan_event_time(source: &Node<SourceNode>, schema: &Schema, src: &PipelineSource) -> Result<Option<EventTimePlan>> {
     let Some(et) = &source.spec.event_time else { return Ok(None) };
     // A chain writes it at the top (`event_time`), a graph under its source.
     let field = if source.path == "source" { "event_time.field".to_string() } else { format!("{}.event_time.field", source.path) };

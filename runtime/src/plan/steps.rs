@@ -2,7 +2,7 @@
 //! expressions against the stream it reads and says what it outputs.
 //!
 //! A step planner knows the stream in front of it (schema, key, event time)
-//! and nothing of stages: where stages begin and end is `plan`'s business.
+//! and nothing of stages: where stages begin and end is `stages.rs`' business.
 
 use std::sync::Arc;
 
@@ -11,7 +11,7 @@ use datafusion_physical_expr::expressions::Column;
 use weir_api::pipeline::{PipelineSource, WindowKind, WindowSpec};
 use weir_api::StepKind;
 
-use super::{names, AggFn, CompiledExpr, EventTimePlan, OperatorKind, OperatorPlan, RunningPlan, WindowAggPlan, WindowFn, WindowPlan};
+use super::{names, AggFn, CompiledExpr, OperatorKind, OperatorPlan, RunningPlan, WindowAggPlan, WindowFn, WindowPlan};
 use crate::error::{Error, Result};
 use crate::expr::{select_schema, ExprCompiler};
 use crate::key_group::is_key_type;
@@ -23,6 +23,8 @@ pub(super) struct Stream {
     pub schema: SchemaRef,
     /// The fields of the nearest key_by upstream, if any.
     pub keys: Option<Vec<String>>,
+    /// The field holding event time, when the sources read have it.
+    pub event_time: Option<String>,
 }
 
 /// Where a step is written and what it may refer to, for its planner.
@@ -32,7 +34,6 @@ pub(super) struct StepAt<'a> {
     /// The step's field in the pipeline (`steps[2].select`).
     pub field: String,
     pub src: &'a PipelineSource,
-    pub event_time: Option<&'a EventTimePlan>,
 }
 
 impl StepAt<'_> {
@@ -73,8 +74,10 @@ pub(super) fn plan_operator(stream: &mut Stream, kind: &StepKind, at: StepAt) ->
         StepKind::RunningSum(a) => plan_running(stream, AggFn::Sum, Some(&a.field), a.output.clone().unwrap_or(format!("sum_{}", a.field)), at),
         StepKind::RunningMin(a) => plan_running(stream, AggFn::Min, Some(&a.field), a.output.clone().unwrap_or(format!("min_{}", a.field)), at),
         StepKind::RunningMax(a) => plan_running(stream, AggFn::Max, Some(&a.field), a.output.clone().unwrap_or(format!("max_{}", a.field)), at),
-        StepKind::KeyBy(_) => Err(at.invalid("key_by is an exchange between stages, not an operator".into())),
-        StepKind::Union | StepKind::Broadcast | StepKind::IntervalJoin(_) | StepKind::WindowJoin(_) | StepKind::Join(_) | StepKind::LookupJoin(_) => {
+        StepKind::KeyBy(_) | StepKind::Broadcast | StepKind::Union => {
+            Err(at.invalid(format!("{} is an edge between stages, not an operator", kind.name())))
+        }
+        StepKind::IntervalJoin(_) | StepKind::WindowJoin(_) | StepKind::Join(_) | StepKind::LookupJoin(_) => {
             Err(at.invalid(format!("{} steps are not planned yet", kind.name())))
         }
     }
@@ -117,7 +120,7 @@ fn plan_select(stream: &mut Stream, items: &[String], at: StepAt) -> Result<Oper
 fn plan_window(stream: &mut Stream, w: &WindowSpec, at: StepAt) -> Result<OperatorPlan> {
     let schema = stream.schema.clone();
     let key_fields = stream.keys.clone().ok_or_else(|| at.invalid("expected a key_by step before a window".into()))?;
-    let et = at.event_time.ok_or_else(|| at.invalid("expected `event_time` in the pipeline".into()))?;
+    let et = stream.event_time.clone().ok_or_else(|| at.invalid("expected `event_time` in the pipeline".into()))?;
     let mut key_indices = Vec::new();
     let mut fields: Vec<Arc<Field>> = Vec::new();
     for k in &key_fields {
@@ -127,9 +130,9 @@ fn plan_window(stream: &mut Stream, w: &WindowSpec, at: StepAt) -> Result<Operat
         key_indices.push(pos);
         fields.push(Arc::new(f.clone()));
     }
-    let (time_index, _) = schema.column_with_name(&et.field).ok_or_else(|| {
-        at.invalid(format!("the event-time field `{}` was dropped by an earlier select: keep it to window by it", et.field))
-    })?;
+    let (time_index, _) = schema
+        .column_with_name(&et)
+        .ok_or_else(|| at.invalid(format!("the event-time field `{et}` was dropped by an earlier select: keep it to window by it")))?;
     fields.push(Arc::new(Field::new("window_start", DataType::Int64, false)));
     fields.push(Arc::new(Field::new("window_end", DataType::Int64, false)));
     let mut aggregates = Vec::new();

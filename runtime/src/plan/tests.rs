@@ -11,7 +11,8 @@ fn key_by_splits_the_pipeline_into_stages() {
     let p = plan_text("name: t\nsource:\n  generator: {}\nsteps:\n  - filter: value > 3\n  - key_by: key\n  - running_count: count\nsink:\n  blackhole: {}\n").unwrap();
     assert_eq!(p.stages.len(), 2);
     assert_eq!(p.stages[0].operators.len(), 1);
-    assert!(matches!(p.stages[0].output, StageOutput::Exchange { ref key_indices } if key_indices == &vec![1]));
+    let StageOutput::Edges(edges) = &p.stages[0].output else { panic!("stage 0 ends in the sink") };
+    assert!(matches!(edges.as_slice(), [OutEdge { to_stage: 1, input: 0, kind: EdgeKind::Hash { key_indices } }] if key_indices == &vec![1]));
     assert_eq!(p.stages[1].output_schema.field(3).name(), "count");
 }
 
@@ -54,10 +55,10 @@ fn aggregating_a_string_field_is_rejected_with_the_type() {
 }
 
 #[test]
-fn the_steps_not_planned_yet_are_refused_naming_the_field() {
-    let text = "name: t\nsource:\n  generator: {}\nsteps:\n  - broadcast: {}\nsink:\n  blackhole: {}\n";
+fn the_joins_not_planned_yet_are_refused_naming_the_field() {
+    let text = "name: t\nsources:\n  a: {generator: {}, event_time: {field: value}}\n  b: {generator: {}, event_time: {field: value}}\nsteps:\n  - {name: j, input: [a, b], interval_join: {on: [key], between: {lower: 0s, upper: 1s}}}\nsinks:\n  out: {input: j, blackhole: {}}\n";
     let err = plan_text(text).err().map(|e| e.to_string());
-    assert_eq!(err.as_deref(), Some("p.yaml:5: steps[0].broadcast: broadcast steps are not planned yet"));
+    assert_eq!(err.as_deref(), Some("p.yaml:6: steps[0].interval_join: `j`: interval_join steps are not supported yet"));
 }
 
 #[test]
@@ -75,15 +76,62 @@ fn a_chain_and_the_same_path_written_as_a_graph_plan_alike() {
 fn a_graph_names_its_source_and_sink_state_and_its_event_time_field_under_the_source() {
     let text = |field: &str| format!("name: t\nsources:\n  clicks:\n    generator: {{}}\n    event_time: {{field: {field}}}\nsteps:\n  - {{name: keyed, input: clicks, key_by: key}}\n  - {{name: per_key, input: keyed, window: {{tumbling: 1s, aggregates: [{{count: c}}]}}}}\nsinks:\n  out:\n    input: per_key\n    blackhole: {{}}\n");
     let plan = plan_text(&text("value")).unwrap();
-    assert_eq!((plan.source.state_id.as_str(), plan.sink.state_id.as_str()), ("clicks", "out"));
+    let source = plan.stages[0].source.as_ref().unwrap();
+    assert_eq!((source.state_id.as_str(), plan.sink.state_id.as_str()), ("clicks", "out"));
     assert_eq!(plan.stateful_operator_ids(), ["clicks", "out", "in-flight-1", "per_key"]);
     let err = plan_text(&text("nope")).unwrap_err().to_string();
     assert!(err.starts_with("p.yaml:5: sources.clicks.event_time.field: the source has no field `nope`"), "{err}");
 }
 
 #[test]
-fn a_graph_that_is_not_one_path_is_refused_naming_the_node() {
-    let text = "name: t\nsources:\n  a: {generator: {}}\nsteps:\n  - {name: x, input: a, filter: value > 3}\n  - {name: y, input: a, filter: value > 4}\n  - {name: xy, input: [x, y], union: {}}\nsinks:\n  out: {input: xy, blackhole: {}}\n";
-    let err = plan_text(text).unwrap_err().to_string();
-    assert!(err.starts_with("p.yaml:6: steps[1]: `x` and `y` both read `a`: fan-out is not planned yet"), "{err}");
+fn a_fan_out_gets_forward_edges_and_a_union_reads_each_input_over_its_own() {
+    let text = "name: t\nsources:\n  a: {generator: {}}\nsteps:\n  - {name: x, input: a, filter: value > 3}\n  - {name: y, input: a, filter: value < 3}\n  - {name: xy, input: [x, y], union: {}}\n  - {name: keyed, input: xy, key_by: key}\n  - {name: n, input: keyed, running_count: n}\nsinks:\n  out: {input: n, blackhole: {}}\n";
+    let plan = plan_text(text).unwrap();
+    let shape: Vec<(String, Vec<(usize, EdgeKind)>)> =
+        plan.stages.iter().map(|s| (s.name.clone(), s.inputs.iter().map(|i| (i.from_stage, i.edge.clone())).collect())).collect();
+    let hash = EdgeKind::Hash { key_indices: vec![1] };
+    assert_eq!(
+        shape,
+        [
+            ("a".to_string(), vec![]),
+            ("x".to_string(), vec![(0, EdgeKind::Forward)]),
+            ("y".to_string(), vec![(0, EdgeKind::Forward)]),
+            ("xy".to_string(), vec![(1, EdgeKind::Forward), (2, EdgeKind::Forward)]),
+            ("n".to_string(), vec![(3, hash)]),
+        ]
+    );
+    assert!(plan.stages[3].operators.is_empty(), "the gate merges a union's inputs");
+    assert!(matches!(plan.stages[4].output, StageOutput::Sink));
+    assert_eq!(plan.stateful_operator_ids(), ["a", "out", "in-flight-1", "in-flight-2", "in-flight-3", "in-flight-4", "n"]);
+}
+
+#[test]
+fn a_union_of_two_sources_keeps_keys_and_event_time_they_share_and_a_window_reads_them() {
+    let text = "name: t\nsources:\n  a: {generator: {}, event_time: {field: value}}\n  b: {generator: {}, event_time: {field: value}}\nsteps:\n  - {name: ka, input: a, key_by: key}\n  - {name: kb, input: b, key_by: key}\n  - {name: both, input: [ka, kb], union: {}}\n  - {name: w, input: both, window: {tumbling: 1s, aggregates: [{count: c}]}}\nsinks:\n  out: {input: w, blackhole: {}}\n";
+    let plan = plan_text(text).unwrap();
+    assert_eq!(plan.sources().map(|(stage, s)| (stage, s.name.as_str())).collect::<Vec<_>>(), [(0, "a"), (1, "b")]);
+    let union = &plan.stages[2];
+    assert!(union.inputs.iter().all(|i| i.edge == EdgeKind::Hash { key_indices: vec![1] }));
+    assert_eq!(union.operators[0].id, "w");
+}
+
+#[test]
+fn a_union_of_other_schemas_or_event_times_is_refused_naming_the_input() {
+    let text = |b: &str| format!("name: t\nsources:\n  a: {{generator: {{}}}}\n  b: {b}\nsteps:\n  - {{name: both, input: [a, b], union: {{}}}}\nsinks:\n  out: {{input: both, blackhole: {{}}}}\n");
+    let err = plan_text(&text("{file: {path: x, schema: {seq: int64, key: string, value: int64}}}")).unwrap_err().to_string();
+    assert_eq!(err, "p.yaml:6: steps[0].input[1]: `b` has fields (seq Int64, key Utf8, value Int64) but `a` has (seq Int64, key Int64, value Int64): a union takes inputs of one schema");
+    let err = plan_text(&text("{generator: {}, event_time: {field: value}}")).unwrap_err().to_string();
+    assert!(err.ends_with("`b` has event time in `value` but `a` has no event time: a union's inputs carry event time in one field, or none does"), "{err}");
+    // Fields that differ only in whether they may be null make one union, whose fields may be.
+    let plan = plan_text(&text("{file: {path: x, schema: {seq: int64, key: int64, value: int64}}}")).unwrap();
+    assert!(plan.stages[2].input_schema.fields().iter().all(|f| f.is_nullable()));
+}
+
+#[test]
+fn a_broadcast_sends_to_every_subtask_of_its_readers() {
+    let text = "name: t\nsources:\n  a: {generator: {}}\nsteps:\n  - {name: all, input: a, broadcast: {}}\n  - {name: big, input: all, filter: value > 3}\nsinks:\n  out: {input: big, blackhole: {}}\n";
+    let plan = plan_text(text).unwrap();
+    assert_eq!(plan.stages.len(), 2);
+    assert_eq!(plan.stages[1].inputs[0].edge, EdgeKind::Broadcast);
+    assert!(plan.describe().contains("  broadcast into stage 1\nstage 1 (`big`) reads stage 0 broadcast (seq Int64, key Int64, value Int64)\n"), "{}", plan.describe());
 }

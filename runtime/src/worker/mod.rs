@@ -19,11 +19,13 @@ pub mod handshake;
 pub mod protocol;
 mod read_marks;
 mod snapshot;
+mod sources;
 pub mod restore;
 pub(crate) mod start_positions;
 mod start;
 pub mod subtask;
 mod subtask_positions;
+mod wiring;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -34,19 +36,15 @@ use futures::{SinkExt, StreamExt};
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, mpsc, oneshot, watch, Notify};
 use tokio::task::JoinSet;
-use tokio_util::codec::{FramedRead, FramedWrite};
 
 use crate::checkpoint::coordinator::{self, CoordinatorConfig};
 use crate::checkpoint::CheckpointStorage;
 use crate::control::Control;
 use crate::error::{Error, Result};
-use crate::exchange::frame::{codec, decode_hello, encode_hello, FrameDecoder, FrameEncoder, Hello};
-use crate::exchange::partition::Partitioner;
-use crate::exchange::{Barrier, Message, CHANNEL_CAPACITY};
+use crate::exchange::Barrier;
 use crate::operator::Operator;
 use crate::plan::{JobPlan, OperatorKind, StageOutput, WindowPlan};
 use crate::sink::{SinkRestore, SinkState, SinkWriter};
-use crate::source::{SourcePositions, SourceReader};
 
 pub use protocol::Cluster;
 pub use start::{at_most_once_refuses, run, Placement};
@@ -54,9 +52,10 @@ use protocol::{ToCoordinator, ToWorker};
 use restore::RestoreFrom;
 use start::restore_state;
 use gate::{Alignment, InputGate, Unaligning};
-use weir_api::{Guarantee, SinkSpec, SourceSpec};
+use weir_api::{Guarantee, SinkSpec};
 use read_marks::ReadMarks;
-use subtask::{AtMostOnce, Counters, Incremental, Input, LateRecords, Notification, Output, ReadAhead, SourceClock, Subtask};
+use subtask::{AtMostOnce, Counters, Incremental, Input, LateRecords, Notification, Output, SourceClock, Subtask};
+use sources::SourceOpening;
 
 pub struct WorkerConfig {
     pub plan: Arc<JobPlan>,
@@ -78,13 +77,11 @@ pub struct WorkerConfig {
 
 const CONNECT_WITHIN: Duration = Duration::from_secs(30);
 
-type Routes = HashMap<(usize, u32, u32), mpsc::Sender<Message>>;
-
 /// Runs this worker's part of run `cluster` until the job finishes or the run fails.
 async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Result<()> {
     let plan = cfg.plan.clone();
     let spec = &plan.spec;
-    let (source, sink) = (&plan.source, &plan.sink);
+    let sink = &plan.sink;
     let (p, max_p) = (spec.parallelism, spec.max_parallelism);
     let index = cfg.index;
     let storage = CheckpointStorage::open(&cfg.state_dir, &spec.name, true)?;
@@ -127,6 +124,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
             parallelism: p,
             max_parallelism: max_p,
             stages: plan.stage_count(),
+            source_stages: plan.sources().count(),
             workers: cluster.workers.len(),
             interval: if at_most_once { Duration::ZERO } else { spec.checkpoint.interval.get() },
             snapshots: !at_most_once,
@@ -167,12 +165,15 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
         }
     });
     let hosted: Vec<u32> = (0..p).filter(|s| cluster.worker_of(*s) == index).collect();
+    // Every source subtask hears of each checkpoint from the coordinator.
     let mut trigger_txs = Vec::new();
     let mut trigger_rxs = HashMap::new();
-    for &j in &hosted {
-        let (tx, rx) = mpsc::unbounded_channel::<Barrier>();
-        trigger_txs.push(tx);
-        trigger_rxs.insert(j, rx);
+    for (stage, _) in plan.sources() {
+        for &j in &hosted {
+            let (tx, rx) = mpsc::unbounded_channel::<Barrier>();
+            trigger_txs.push(tx);
+            trigger_rxs.insert((stage, j), rx);
+        }
     }
     // Unaligned checkpoints: every subtask with inputs hears of a periodic
     // checkpoint from the coordinator directly, ahead of any queue.
@@ -180,7 +181,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     let mut notice_txs = Vec::new();
     let mut notice_rxs = HashMap::new();
     if unaligned_after.is_some() {
-        for stage in 1..plan.stage_count() {
+        for stage in plan.stages.iter().filter(|s| !s.inputs.is_empty()).map(|s| s.index) {
             for &j in &hosted {
                 let (tx, rx) = mpsc::unbounded_channel::<Barrier>();
                 notice_txs.push(tx);
@@ -302,94 +303,15 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
         });
     }
 
-    // Channels into the subtasks of stages after the first, one per upstream subtask.
-    let stages = plan.stage_count();
-    let mut gates: HashMap<(usize, u32), Vec<mpsc::Receiver<Message>>> = HashMap::new();
-    let mut local_routes: Routes = HashMap::new();
-    let mut remote_routes: Routes = HashMap::new();
-    for stage in 1..stages {
-        for &j in &hosted {
-            let mut rxs = Vec::new();
-            for i in 0..p {
-                let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
-                rxs.push(rx);
-                if cluster.worker_of(i) == index {
-                    local_routes.insert((stage, j, i), tx);
-                } else {
-                    remote_routes.insert((stage, j, i), tx);
-                }
-            }
-            gates.insert((stage, j), rxs);
-        }
-    }
+    // Channels into every subtask with inputs, one per edge and upstream subtask.
+    let wiring::Inputs { mut gates, local: mut local_routes, remote: remote_routes } = wiring::inputs(&plan, cluster, index, &hosted);
     let expected_remote = remote_routes.len();
     let (accepted_tx, mut accepted_rx) = mpsc::unbounded_channel::<Result<()>>();
-    let input_schemas: Vec<_> = plan.stages.iter().map(|s| s.input_schema.clone()).collect();
-    tokio::spawn(accept_data(data_listener, cluster.run_id.clone(), run_key.clone(), remote_routes, input_schemas, accepted_tx));
-
-    // Why a data connection's writer gave up, when it was not the network: a
-    // record it cannot encode fails the worker with that error, not with the
-    // "downstream went away" its subtask sees.
+    let input_schemas = wiring::input_schemas(&plan);
+    tokio::spawn(wiring::accept_data(data_listener, cluster.run_id.clone(), run_key.clone(), remote_routes, input_schemas, accepted_tx));
     let encode_failure: Arc<Mutex<Option<Error>>> = Arc::default();
-    // Outputs of the hosted subtasks of every stage but the last.
-    let mut outputs: HashMap<(usize, u32), Vec<mpsc::Sender<Message>>> = HashMap::new();
-    for stage in 0..stages.saturating_sub(1) {
-        let schema = plan.stages[stage].output_schema.clone();
-        for &i in &hosted {
-            let mut senders = Vec::new();
-            for j in 0..p {
-                let w = cluster.worker_of(j);
-                if w == index {
-                    let tx = local_routes
-                        .remove(&(stage + 1, j, i))
-                        .ok_or_else(|| Error::Job(format!("no local route for stage {} {i}->{j}", stage + 1)))?;
-                    senders.push(tx);
-                } else {
-                    let addr = cluster.workers[w as usize];
-                    let mut stream = protocol::connect(addr, CONNECT_WITHIN).await?;
-                    let hello = Hello { run_id: cluster.run_id.clone(), stage: stage + 1, from: i, to: j };
-                    handshake::offer(&mut stream, &run_key, &encode_hello(&hello), &addr.to_string()).await?;
-                    let mut out = FramedWrite::new(stream, codec());
-                    let (tx, mut rx) = mpsc::channel::<Message>(CHANNEL_CAPACITY);
-                    let mut encoder = FrameEncoder::new(&schema)?;
-                    let encode_failure = encode_failure.clone();
-                    tokio::spawn(async move {
-                        while let Some(msg) = rx.recv().await {
-                            let end = matches!(msg, Message::End);
-                            let frames = match encoder.encode(&msg) {
-                                Ok(f) => f,
-                                Err(e) => {
-                                    // Kept before `rx` is dropped, so it is there
-                                    // when the subtask finds its downstream gone.
-                                    tracing::error!(error = %e, "cannot encode a message");
-                                    let mut failure = encode_failure.lock().unwrap_or_else(|p| p.into_inner());
-                                    if failure.is_none() {
-                                        *failure = Some(e);
-                                    }
-                                    return;
-                                }
-                            };
-                            for frame in frames {
-                                if let Err(e) = out.feed(frame).await {
-                                    tracing::debug!(peer = %addr, error = %e, "data connection closed");
-                                    return;
-                                }
-                            }
-                            if let Err(e) = SinkExt::<bytes::Bytes>::flush(&mut out).await {
-                                tracing::debug!(peer = %addr, error = %e, "data connection closed");
-                                return;
-                            }
-                            if end {
-                                return;
-                            }
-                        }
-                    });
-                    senders.push(tx);
-                }
-            }
-            outputs.insert((stage, i), senders);
-        }
-    }
+    let connecting = wiring::Connecting { plan: &plan, cluster, worker: index, run_key: &run_key, within: CONNECT_WITHIN, encode_failure: encode_failure.clone() };
+    let mut outputs = connecting.outputs(&hosted, &mut local_routes).await?;
     let deadline = tokio::time::Instant::now() + CONNECT_WITHIN;
     for _ in 0..expected_remote {
         match tokio::time::timeout_at(deadline, accepted_rx.recv()).await {
@@ -408,20 +330,6 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
 
     // Build and start the subtasks.
     let counters = Arc::new(Counters::default());
-    let source_positions = match &restored {
-        Some(r) => r.source_positions(&source.state_id)?,
-        // An at-most-once run that resumes starts where the sources last
-        // read; nothing read yet is a first start (Kafka's `start` applies).
-        None if at_most_once && cfg.restore.is_some() => {
-            let marks = ReadMarks::load(&storage).await?;
-            if marks.splits.is_empty() { Vec::new() } else { vec![marks] }
-        }
-        None => Vec::new(),
-    };
-    // A fresh start of a source whose start depends on the moment goes on
-    // where this history first started (`start_positions.rs`).
-    let started_on_clock = matches!(source.spec, SourceSpec::Kafka(_));
-    let started = if source_positions.is_empty() && started_on_clock { start_positions::load(&storage).await? } else { SourcePositions::default() };
     let sink_states = match &restored {
         Some(r) => r.sink_states_of(&sink.state_id)?,
         None => Vec::new(),
@@ -438,24 +346,26 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     let mut tasks = JoinSet::new();
     for (stage_index, stage) in plan.stages.iter().enumerate() {
         for &j in &hosted {
-            let input = if stage_index == 0 {
-                let reader = SourceReader::open(&source.spec, stage.input_schema.clone(), j, p, max_p, &source_positions, &started, &cfg.base_dir)?;
-                if source_positions.is_empty() && started_on_clock {
-                    start_positions::save(&storage, j, &reader.positions()?).await?;
+            let input = match &stage.source {
+                Some(source) => {
+                    let triggers = trigger_rxs.remove(&(stage_index, j)).ok_or_else(|| Error::Job("source triggers taken twice".into()))?;
+                    let opening = SourceOpening { cfg, storage: &storage, restored: restored.as_ref(), at_most_once };
+                    opening.open(source, stage.input_schema.clone(), j, triggers).await?
                 }
-                let triggers = trigger_rxs.remove(&j).ok_or_else(|| Error::Job("source triggers taken twice".into()))?;
-                let ahead = at_most_once.then(|| ReadAhead::new(ReadMarks::new(&storage, j)));
-                Input::Source { reader, triggers, ahead, state_id: source.state_id.clone() }
-            } else {
-                let rxs = gates.remove(&(stage_index, j)).ok_or_else(|| Error::Job("input gate taken twice".into()))?;
-                let mut gate = InputGate::new(format!("stage {stage_index} subtask {j}"), rxs, alignment);
-                if let (Some(after), Some(notices)) = (unaligned_after, notice_rxs.remove(&(stage_index, j))) {
-                    gate = gate.unaligned(Unaligning { after, notices });
+                None => {
+                    let rxs = gates.remove(&(stage_index, j)).ok_or_else(|| Error::Job("input gate taken twice".into()))?;
+                    let mut gate = InputGate::new(format!("stage {stage_index} subtask {j}"), rxs, alignment);
+                    if let (Some(after), Some(notices)) = (unaligned_after, notice_rxs.remove(&(stage_index, j))) {
+                        gate = gate.unaligned(Unaligning { after, notices });
+                    }
+                    if let Some(r) = &restored {
+                        gate = gate.with_restored(r.in_flight_batches(&plan, stage_index, j).await?);
+                    }
+                    // A union may merge inputs whose fields differ only in
+                    // whether they may be null.
+                    let relabel = stage.inputs.iter().any(|i| i.schema.fields() != stage.input_schema.fields()).then(|| stage.input_schema.clone());
+                    Input::Gate(gate, relabel)
                 }
-                if let Some(r) = &restored {
-                    gate = gate.with_restored(r.in_flight_batches(&plan, stage_index, j).await?);
-                }
-                Input::Gate(gate)
             };
             let mut operators = Vec::new();
             let mut late_records = Vec::new();
@@ -494,10 +404,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                     let notifications = sink_notifications.remove(&j).ok_or_else(|| Error::Job("sink notifications taken twice".into()))?;
                     Output::Sink { sink: writer, notifications, state_id: sink.state_id.clone() }
                 }
-                StageOutput::Exchange { key_indices } => Output::Exchange {
-                    partitioner: Partitioner::new(key_indices.clone(), p, max_p),
-                    senders: outputs.remove(&(stage_index, j)).ok_or_else(|| Error::Job("outputs taken twice".into()))?,
-                },
+                StageOutput::Edges(_) => Output::Edges(outputs.remove(&(stage_index, j)).ok_or_else(|| Error::Job("outputs taken twice".into()))?),
             };
             let subtask = Subtask {
                 stage: stage_index,
@@ -509,7 +416,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                 storage: storage.clone(),
                 counters: counters.clone(),
                 at_most_once: at_most_once.then(|| AtMostOnce { flush_every: spec.checkpoint.interval.get() }),
-                clock: if stage_index == 0 { plan.event_time.clone().map(SourceClock::new) } else { None },
+                clock: stage.source.as_ref().and_then(|s| s.event_time.clone()).map(SourceClock::new),
                 incremental: incremental.then(|| Incremental::new(&cluster.run_id)),
                 late_records,
                 notifications: stage_notifications.remove(&(stage_index, j)),
@@ -632,73 +539,6 @@ pub(crate) async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener> {
         return TcpListener::from_std(l).map_err(Error::io(format!("cannot listen on {addr}")));
     }
     TcpListener::bind(addr).await.map_err(Error::io(format!("cannot listen on {addr}")))
-}
-
-/// Accepts data connections and feeds each into its subtask's input channel.
-async fn accept_data(
-    listener: TcpListener,
-    run_id: String,
-    run_key: ring::hmac::Key,
-    routes: Routes,
-    input_schemas: Vec<arrow::datatypes::SchemaRef>,
-    accepted: mpsc::UnboundedSender<Result<()>>,
-) {
-    let input_schemas = Arc::new(input_schemas);
-    let routes = Arc::new(Mutex::new(routes));
-    loop {
-        let Ok((mut stream, peer)) = listener.accept().await else { continue };
-        let _ = stream.set_nodelay(true);
-        let routes = routes.clone();
-        let accepted = accepted.clone();
-        let run_id = run_id.clone();
-        let run_key = run_key.clone();
-        let input_schemas = input_schemas.clone();
-        tokio::spawn(async move {
-            let peer = peer.to_string();
-            // Proved before the channel is looked at: a stranger must not be
-            // able to fail the run by naming a channel that does not exist.
-            let hello = match handshake::accept(&mut stream, &run_key, &peer).await.and_then(|body| decode_hello(&peer, &body)) {
-                Ok(h) => h,
-                Err(e) => {
-                    tracing::warn!(%peer, error = %e, "rejected a data connection");
-                    return;
-                }
-            };
-            if hello.run_id != run_id {
-                tracing::warn!(%peer, "rejected a data connection of another run");
-                return;
-            }
-            let mut frames = FramedRead::new(stream, codec());
-            let tx = routes.lock().ok().and_then(|mut r| r.remove(&(hello.stage, hello.to, hello.from)));
-            let Some(tx) = tx else {
-                let _ = accepted.send(Err(Error::Protocol { peer, message: format!("unexpected channel {hello:?}") }));
-                return;
-            };
-            let _ = accepted.send(Ok(()));
-            let Some(expected) = input_schemas.get(hello.stage).cloned() else { return };
-            let mut decoder = FrameDecoder::new(&peer);
-            while let Some(frame) = frames.next().await {
-                let msg = match frame.map_err(|e| Error::Network { peer: peer.clone(), message: e.to_string() }).and_then(|f| decoder.decode(f.freeze())) {
-                    Ok(m) => m,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "data connection failed");
-                        return; // dropping tx tells the subtask its input vanished
-                    }
-                };
-                if let Message::Batch(b) = &msg {
-                    // Operators index columns by position: a batch of another shape is a protocol error.
-                    if b.schema().fields() != expected.fields() {
-                        tracing::warn!(%peer, "data connection sent a batch of the wrong schema");
-                        return;
-                    }
-                }
-                let end = matches!(msg, Message::End);
-                if tx.send(msg).await.is_err() || end {
-                    return;
-                }
-            }
-        });
-    }
 }
 
 /// A lost peer or a closed input is often the echo of this worker's own

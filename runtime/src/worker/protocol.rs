@@ -38,7 +38,12 @@ pub enum ToCoordinator {
     Running,
     Ack { checkpoint_id: u64, ack: SubtaskAck },
     Decline { checkpoint_id: u64, reason: String },
-    SourceFinished { subtask: u32 },
+    /// `stage`: which source's subtask (absent from a worker of before graphs: 0).
+    SourceFinished {
+        #[serde(default)]
+        stage: usize,
+        subtask: u32,
+    },
     /// Every committing subtask of the worker (sinks, late-record outputs)
     /// has committed this stopping savepoint: the coordinator reports it
     /// complete once every worker has said so.

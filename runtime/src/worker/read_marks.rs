@@ -8,7 +8,8 @@
 //! in flight or unwritten at a failure is lost. That is the contract.
 //!
 //! One object per source subtask (`read-marks/subtask-<i>.json`, the
-//! checkpoint's `SourcePositions` format). Positions only grow, so a restore
+//! checkpoint's `SourcePositions` format; `read-marks-<id>/` for a source of
+//! a graph whose state id is not `source`). Positions only grow, so a restore
 //! merges every object by taking each split's furthest position: a rescaled
 //! run, or a superseded run that writes late, can only move a mark forward
 //! (more loss), never back (a repeat).
@@ -22,6 +23,11 @@ use crate::source::SourcePositions;
 
 const DIR: &str = "read-marks";
 
+/// The directory of the source with state id `source`.
+fn dir(source: &str) -> String {
+    if source == "source" { DIR.to_string() } else { format!("{DIR}-{source}") }
+}
+
 #[derive(Clone)]
 pub struct ReadMarks {
     dir: Location,
@@ -29,8 +35,8 @@ pub struct ReadMarks {
 }
 
 impl ReadMarks {
-    pub fn new(storage: &CheckpointStorage, subtask: u32) -> ReadMarks {
-        ReadMarks { dir: storage.dir(DIR), subtask }
+    pub fn new(storage: &CheckpointStorage, source: &str, subtask: u32) -> ReadMarks {
+        ReadMarks { dir: storage.dir(&dir(source)), subtask }
     }
 
     /// Records `positions` as read: once this returns, no run reads before them.
@@ -41,16 +47,19 @@ impl ReadMarks {
     /// Every subtask's marks, merged: each split at its furthest position.
     /// A mark that cannot be read is an error naming the object, never a
     /// silent start from the beginning (which would repeat records).
-    pub async fn load(storage: &CheckpointStorage) -> Result<SourcePositions> {
-        super::subtask_positions::load(&storage.dir(DIR), merge, |e| {
+    pub async fn load(storage: &CheckpointStorage, source: &str) -> Result<SourcePositions> {
+        super::subtask_positions::load(&storage.dir(&dir(source)), merge, |e| {
             format!("the read marks of an at-most-once job do not parse ({e}); delete the file to resume from the other subtasks' marks, or start without --restore to read from the beginning")
         })
         .await
     }
 
     /// Forgets every mark: a fresh start reads from the beginning.
-    pub async fn clear(storage: &CheckpointStorage) -> Result<()> {
-        storage.dir(DIR).delete_all().await
+    pub async fn clear(storage: &CheckpointStorage, sources: &[String]) -> Result<()> {
+        for source in sources {
+            storage.dir(&dir(source)).delete_all().await?;
+        }
+        Ok(())
     }
 }
 
@@ -90,20 +99,25 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn marks_saved_by_subtasks_load_merged_and_a_damaged_one_is_named() {
+    async fn marks_saved_by_subtasks_load_merged_per_source_and_a_damaged_one_is_named() {
         let dir = tempfile::tempdir().unwrap();
         let storage = CheckpointStorage::open(dir.path().to_str().unwrap(), "job", true).unwrap();
-        assert_eq!(ReadMarks::load(&storage).await.unwrap(), SourcePositions::default());
-        ReadMarks::new(&storage, 0).save(&marks(&[("generator-0", 3)])).await.unwrap();
-        ReadMarks::new(&storage, 1).save(&marks(&[("generator-1", 8)])).await.unwrap();
-        ReadMarks::new(&storage, 0).save(&marks(&[("generator-0", 6)])).await.unwrap();
-        assert_eq!(ReadMarks::load(&storage).await.unwrap(), marks(&[("generator-0", 6), ("generator-1", 8)]));
+        assert_eq!(ReadMarks::load(&storage, "source").await.unwrap(), SourcePositions::default());
+        ReadMarks::new(&storage, "source", 0).save(&marks(&[("generator-0", 3)])).await.unwrap();
+        ReadMarks::new(&storage, "source", 1).save(&marks(&[("generator-1", 8)])).await.unwrap();
+        ReadMarks::new(&storage, "source", 0).save(&marks(&[("generator-0", 6)])).await.unwrap();
+        assert_eq!(ReadMarks::load(&storage, "source").await.unwrap(), marks(&[("generator-0", 6), ("generator-1", 8)]));
+        // Two generators of one graph name their splits alike: each keeps its own marks.
+        ReadMarks::new(&storage, "b", 0).save(&marks(&[("generator-0", 1)])).await.unwrap();
+        assert_eq!(ReadMarks::load(&storage, "b").await.unwrap(), marks(&[("generator-0", 1)]));
+        assert_eq!(ReadMarks::load(&storage, "source").await.unwrap(), marks(&[("generator-0", 6), ("generator-1", 8)]));
 
         storage.dir(DIR).put("subtask-2.json", b"{\"splits\":".to_vec()).await.unwrap();
-        let err = ReadMarks::load(&storage).await.unwrap_err().to_string();
+        let err = ReadMarks::load(&storage, "source").await.unwrap_err().to_string();
         assert!(err.contains("read-marks/subtask-2.json") && err.contains("do not parse"), "{err}");
 
-        ReadMarks::clear(&storage).await.unwrap();
-        assert_eq!(ReadMarks::load(&storage).await.unwrap(), SourcePositions::default());
+        ReadMarks::clear(&storage, &["source".into(), "b".into()]).await.unwrap();
+        assert_eq!(ReadMarks::load(&storage, "source").await.unwrap(), SourcePositions::default());
+        assert_eq!(ReadMarks::load(&storage, "b").await.unwrap(), SourcePositions::default());
     }
 }

@@ -83,11 +83,17 @@ async fn at_most_once_start(cfg: &WorkerConfig, storage: &CheckpointStorage, run
     if let Some(claim) = &claim {
         storage.begin_lineage(claim, None).await?;
         if cfg.restore.is_none() {
-            super::ReadMarks::clear(storage).await?;
-            super::start_positions::clear(storage).await?;
+            let sources = source_ids(cfg);
+            super::ReadMarks::clear(storage, &sources).await?;
+            super::start_positions::clear(storage, &sources).await?;
         }
     }
     Ok((None, claim))
+}
+
+/// The state ids of the job's sources, which name their directories.
+fn source_ids(cfg: &WorkerConfig) -> Vec<String> {
+    cfg.plan.sources().map(|(_, s)| s.state_id.clone()).collect()
 }
 
 /// The refusal of `--restore PATH` for an at-most-once job.
@@ -132,7 +138,7 @@ pub(super) async fn restore_state(cfg: &WorkerConfig, storage: &CheckpointStorag
         if let Some(claim) = &claim {
             storage.begin_lineage(claim, None).await?;
             // Before any worker says Ready, hence before any source opens.
-            super::start_positions::clear(storage).await?;
+            super::start_positions::clear(storage, &source_ids(cfg)).await?;
         }
         return Ok((None, claim));
     };

@@ -1,6 +1,6 @@
 //! One subtask: its input (a source, or an input gate over upstream
-//! channels), its chained operators, and its output (an exchange, or the
-//! sink), driven by one loop.
+//! channels), its chained operators, and its output (edges into other
+//! stages, or the sink), driven by one loop.
 //!
 //! At an aligned barrier the subtask copies its operators' state (the only
 //! synchronous part), pre-commits its sink, forwards the barrier downstream,
@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::SchemaRef;
 use tokio::sync::{broadcast, mpsc};
 
 use super::gate::{GateEvent, InputGate};
@@ -143,7 +144,9 @@ pub enum Input {
     /// `ahead` is set under at-most-once: batches read, marked, not yet emitted.
     /// `state_id`: where checkpoints keep the source's positions.
     Source { reader: SourceReader, triggers: mpsc::UnboundedReceiver<Barrier>, ahead: Option<ReadAhead>, state_id: String },
-    Gate(InputGate),
+    /// The schema, when the gate merges inputs whose fields differ in
+    /// whether they may be null: batches are relabelled to the stage's.
+    Gate(InputGate, Option<SchemaRef>),
 }
 
 /// A source subtask's batches read ahead of what it emitted, under
@@ -172,9 +175,36 @@ pub struct AtMostOnce {
 }
 
 pub enum Output {
-    Exchange { partitioner: Partitioner, senders: Vec<mpsc::Sender<Message>> },
+    /// Into the stages that read this one, one entry per edge.
+    Edges(Vec<EdgeOut>),
     /// `state_id`: where checkpoints keep the sink's pending output.
     Sink { sink: SinkWriter, notifications: broadcast::Receiver<Notification>, state_id: String },
+}
+
+/// One edge out of a subtask: how records are routed and the channels to
+/// the downstream subtasks it reaches (one for a forward edge, every
+/// downstream subtask's otherwise).
+pub struct EdgeOut {
+    pub route: Route,
+    pub senders: Vec<mpsc::Sender<Message>>,
+}
+
+pub enum Route {
+    Forward,
+    Hash(Partitioner),
+    Broadcast,
+}
+
+impl Output {
+    /// Every channel downstream: barriers, watermarks and the end go to
+    /// each, whatever the edge.
+    fn senders(&self) -> impl Iterator<Item = &mpsc::Sender<Message>> {
+        let edges = match self {
+            Output::Edges(edges) => edges.as_slice(),
+            Output::Sink { .. } => &[],
+        };
+        edges.iter().flat_map(|e| e.senders.iter())
+    }
 }
 
 /// A window's side output of late records: a file output written like the
@@ -295,7 +325,7 @@ impl Subtask {
                     if self.clock.is_some() {
                         self.on_watermark(i64::MAX).await?;
                     }
-                    let _ = self.to_coordinator.send(ToCoordinator::SourceFinished { subtask: self.index });
+                    let _ = self.to_coordinator.send(ToCoordinator::SourceFinished { stage: self.stage, subtask: self.index });
                 }
                 Event::Barrier(b) => {
                     let is_final = b.is_final;
@@ -402,8 +432,14 @@ impl Subtask {
                 return std::future::pending::<Result<Event>>().await;
             }
             match input {
-                Input::Gate(g) => Ok(match g.next().await? {
-                    GateEvent::Batch(b) => Event::Batch(b),
+                Input::Gate(g, schema) => Ok(match g.next().await? {
+                    GateEvent::Batch(b) => match schema {
+                        Some(schema) => Event::Batch(
+                            RecordBatch::try_new(schema.clone(), b.columns().to_vec())
+                                .map_err(|e| Error::Job(format!("a union's input does not fit its schema: {e}")))?,
+                        ),
+                        None => Event::Batch(b),
+                    },
                     GateEvent::Barrier(b) => Event::Barrier(b),
                     GateEvent::UnalignedBarrier(b, in_flight) => {
                         Event::UnalignedBarrier(b, in_flight)
@@ -505,12 +541,22 @@ impl Subtask {
         }
         let Some(batch) = current else { return Ok(()) };
         match &mut self.output {
-            Output::Exchange { partitioner, senders } => {
-                for (target, part) in partitioner.split(&batch)? {
-                    senders[target]
-                        .send(Message::Batch(part))
-                        .await
-                        .map_err(|_| Error::Job(format!("stage {} subtask {}: downstream {target} went away", self.stage, self.index)))?;
+            Output::Edges(edges) => {
+                let gone = |target: usize| Error::Job(format!("stage {} subtask {}: downstream {target} went away", self.stage, self.index));
+                for edge in edges.iter() {
+                    match &edge.route {
+                        Route::Forward => edge.senders[0].send(Message::Batch(batch.clone())).await.map_err(|_| gone(self.index as usize))?,
+                        Route::Hash(partitioner) => {
+                            for (target, part) in partitioner.split(&batch)? {
+                                edge.senders[target].send(Message::Batch(part)).await.map_err(|_| gone(target))?;
+                            }
+                        }
+                        Route::Broadcast => {
+                            for (target, s) in edge.senders.iter().enumerate() {
+                                s.send(Message::Batch(batch.clone())).await.map_err(|_| gone(target))?;
+                            }
+                        }
+                    }
                 }
             }
             Output::Sink { sink, .. } => {
@@ -584,8 +630,8 @@ impl Subtask {
                     inline.push((state_id.clone(), OperatorSubtaskState { subtask: self.index, inline: Some(v), file: None, shared: Vec::new() }));
                 }
             }
-            Output::Exchange { senders, .. } => {
-                for s in senders.iter() {
+            Output::Edges(_) => {
+                for s in self.output.senders() {
                     s.send(Message::Barrier(barrier.clone()))
                         .await
                         .map_err(|_| Error::Job(format!("{name}: downstream went away")))?;
@@ -624,10 +670,8 @@ impl Subtask {
 
     /// Sends a message to every downstream subtask (none after a sink).
     async fn forward(&mut self, message: impl Fn() -> Message) -> Result<()> {
-        if let Output::Exchange { senders, .. } = &self.output {
-            for s in senders {
-                s.send(message()).await.map_err(|_| Error::Job(format!("stage {} subtask {}: downstream went away", self.stage, self.index)))?;
-            }
+        for s in self.output.senders() {
+            s.send(message()).await.map_err(|_| Error::Job(format!("stage {} subtask {}: downstream went away", self.stage, self.index)))?;
         }
         Ok(())
     }
@@ -655,10 +699,8 @@ impl Subtask {
     /// sink publishes, the barrier moves on, and the ack is empty.
     async fn on_flush_barrier(&mut self, barrier: Barrier, flushes: &mut u64) -> Result<()> {
         self.flush_sink(flushes).await?;
-        if let Output::Exchange { senders, .. } = &self.output {
-            for s in senders {
-                s.send(Message::Barrier(barrier.clone())).await.map_err(|_| Error::Job(format!("{}: downstream went away", self.name())))?;
-            }
+        for s in self.output.senders() {
+            s.send(Message::Barrier(barrier.clone())).await.map_err(|_| Error::Job(format!("{}: downstream went away", self.name())))?;
         }
         let ack = SubtaskAck { stage: self.stage, subtask: self.index, operators: Vec::new() };
         let _ = self.to_coordinator.send(ToCoordinator::Ack { checkpoint_id: barrier.checkpoint_id, ack });
@@ -666,10 +708,8 @@ impl Subtask {
     }
 
     async fn end(&mut self) -> Result<()> {
-        if let Output::Exchange { senders, .. } = &self.output {
-            for s in senders {
-                let _ = s.send(Message::End).await;
-            }
+        for s in self.output.senders() {
+            let _ = s.send(Message::End).await;
         }
         Ok(())
     }

@@ -9,6 +9,7 @@ mod common;
 
 mod bad_input;
 mod exactly_once;
+mod graphs;
 mod guarantees;
 mod incremental;
 mod kafka;

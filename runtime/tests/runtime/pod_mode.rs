@@ -370,7 +370,7 @@ fn a_stranger_on_the_data_and_coordinator_ports_is_turned_away_and_the_run_goes_
             // A channel that does not exist, under another token's key: if it
             // were read, it would fail the run.
             let mut stream = tokio::net::TcpStream::connect((*ip, DATA_PORT)).await.unwrap();
-            let hello = Hello { run_id: "stranger-run".into(), stage: 7, from: 9, to: 9 };
+            let hello = Hello { run_id: "stranger-run".into(), stage: 7, input: 0, from: 9, to: 9 };
             offer(&mut stream, &run_key("not-the-token", "stranger-run"), &encode_hello(&hello), "w").await.unwrap();
             held.push(stream);
             // Junk: a frame length of 256 MiB, then as many bytes as the

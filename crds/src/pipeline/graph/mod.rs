@@ -9,8 +9,7 @@
 //! as a graph keep their state under the same ids, and a savepoint of one
 //! restores into the other.
 //!
-//! The runtime and the controller read pipelines only through this form
-//! (or the chain accessor while graphs are not planned). `check.rs` holds
+//! The runtime and the controller read pipelines only through this form. `check.rs` holds
 //! the structural checks of the graph form.
 
 mod check;
@@ -90,7 +89,8 @@ impl<'a> NodeRef<'a> {
 
 /// A graph that is one path: one source, steps that each read the node
 /// before them and are read by the next one only, one sink. Every chain is
-/// one; it is the shape the runtime plans so far (runtime/design/graphs.md §6).
+/// one. Unaligned checkpoints keep the records in flight of such graphs
+/// only so far (runtime/design/graphs.md §6 step 5).
 #[derive(Debug, Clone)]
 pub struct PipelinePath<'a> {
     pub source: &'a Node<SourceNode>,
@@ -99,33 +99,38 @@ pub struct PipelinePath<'a> {
     pub sink: &'a Node<SinkSpec>,
 }
 
-/// Why a graph is not one path: where (a field) and what.
+/// Why a graph cannot run (yet): where (a field) and what.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NotAPath {
+pub struct NotRunnable {
     pub field: String,
     pub message: String,
 }
 
-impl NotAPath {
-    fn at(node: NodeRef, message: String) -> NotAPath {
-        let message = format!("{message}: the runtime runs one path from one source through its steps to one sink so far");
-        NotAPath { field: node.path().to_string(), message }
+impl NotRunnable {
+    fn at(node: NodeRef, message: String) -> NotRunnable {
+        NotRunnable { field: node.path().to_string(), message }
+    }
+}
+
+impl std::fmt::Display for NotRunnable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
     }
 }
 
 impl PipelineGraph {
     /// The graph as one path, or the first node that makes it something
     /// else: a second source or sink, a node read twice, a step reading
-    /// several inputs.
-    pub fn as_path(&self) -> Result<PipelinePath<'_>, NotAPath> {
+    /// several inputs, a broadcast.
+    pub fn as_path(&self) -> Result<PipelinePath<'_>, NotRunnable> {
         let (Some(source), Some(sink)) = (self.sources.first(), self.sinks.first()) else {
-            return Err(NotAPath { field: "sources".into(), message: "expected a source and a sink".into() });
+            return Err(NotRunnable { field: "sources".into(), message: "expected a source and a sink".into() });
         };
         if let Some(second) = self.sources.get(1) {
-            return Err(NotAPath::at(NodeRef::Source(second), format!("`{}`: several sources in one job are not planned yet", second.name)));
+            return Err(NotRunnable::at(NodeRef::Source(second), format!("`{}` is a second source", second.name)));
         }
         if let Some(second) = self.sinks.get(1) {
-            return Err(NotAPath::at(NodeRef::Sink(second), format!("`{}`: several sinks in one job are not planned yet", second.name)));
+            return Err(NotRunnable::at(NodeRef::Sink(second), format!("`{}` is a second sink", second.name)));
         }
         let mut steps = Vec::with_capacity(self.steps.len());
         let mut previous = NodeRef::Source(source);
@@ -136,13 +141,16 @@ impl PipelineGraph {
             match readers.as_slice() {
                 [] => break,
                 [_, second, ..] => {
-                    let message = format!("`{}` and `{}` both read `{}`: fan-out is not planned yet", readers[0].name(), second.name(), previous.name());
-                    return Err(NotAPath::at(*second, message));
+                    let message = format!("`{}` and `{}` both read `{}`", readers[0].name(), second.name(), previous.name());
+                    return Err(NotRunnable::at(*second, message));
                 }
                 [NodeRef::Sink(_)] => return Ok(PipelinePath { source, steps, sink }),
                 [NodeRef::Step(step)] if step.inputs.len() > 1 => {
-                    let message = format!("`{}`: {} steps are not planned yet", step.name, step.spec.name());
-                    return Err(NotAPath::at(NodeRef::Step(step), message));
+                    let message = format!("`{}` reads several inputs", step.name);
+                    return Err(NotRunnable::at(NodeRef::Step(step), message));
+                }
+                [NodeRef::Step(step)] if matches!(step.spec, StepKind::Broadcast) => {
+                    return Err(NotRunnable::at(NodeRef::Step(step), format!("`{}` broadcasts", step.name)));
                 }
                 [NodeRef::Step(step)] => {
                     steps.push(*step);
@@ -151,7 +159,24 @@ impl PipelineGraph {
                 [NodeRef::Source(_)] => break,
             }
         }
-        Err(NotAPath::at(NodeRef::Sink(sink), format!("`{}` is not reached from `{}` through one path", sink.name, source.name)))
+        Err(NotRunnable::at(NodeRef::Sink(sink), format!("`{}` is not reached from `{}` through one path", sink.name, source.name)))
+    }
+
+    /// The one sink of a graph the runtime runs, or what it does not run
+    /// yet (runtime/design/graphs.md §6): several sinks, joins.
+    pub fn runnable_sink(&self) -> Result<&Node<SinkSpec>, NotRunnable> {
+        let Some(sink) = self.sinks.first() else {
+            return Err(NotRunnable { field: "sinks".into(), message: "expected a sink".into() });
+        };
+        if let Some(second) = self.sinks.get(1) {
+            let message = format!("`{}`: several sinks in one job are not supported yet: write one sink", second.name);
+            return Err(NotRunnable::at(NodeRef::Sink(second), message));
+        }
+        if let Some(join) = self.steps.iter().find(|s| s.spec.join_keys().is_some() || matches!(s.spec, StepKind::LookupJoin(_))) {
+            let message = format!("`{}`: {} steps are not supported yet", join.name, join.spec.name());
+            return Err(NotRunnable { field: format!("{}.{}", join.path, join.spec.name()), message });
+        }
+        Ok(sink)
     }
 
     /// Every node in the order written: sources, steps, sinks.
@@ -207,6 +232,26 @@ impl PipelineGraph {
 }
 
 impl PipelineSpec {
+    /// What the runtime runs of a checked pipeline: its graph with one sink
+    /// and no joins, and unaligned checkpoints (which keep the records in
+    /// flight) only for a graph that is one path, so far. The controller
+    /// refuses the rest once, rather than every worker of every run.
+    pub fn runnable_graph(&self) -> Result<PipelineGraph, NotRunnable> {
+        let graph = self.graph();
+        graph.runnable_sink()?;
+        if self.checkpoint.unaligned_after().is_some() && self.guarantee() == super::Guarantee::ExactlyOnce {
+            if let Err(e) = graph.as_path() {
+                let field = if self.checkpoint.mode == super::CheckpointMode::Unaligned { "checkpoint.mode" } else { "checkpoint.alignment_timeout" };
+                let message = format!(
+                    "unaligned checkpoints are supported for a pipeline that is one path from its source to its sink so far, and at {}, {}: use aligned checkpoints without an alignment timeout",
+                    e.field, e.message
+                );
+                return Err(NotRunnable { field: field.into(), message });
+            }
+        }
+        Ok(graph)
+    }
+
     /// The pipeline as a graph, whichever form it is written in. Total: an
     /// unchecked pipeline gives the nodes it has (a chain without a sink
     /// gives a graph without sinks).

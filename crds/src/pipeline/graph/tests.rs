@@ -460,16 +460,32 @@ fn a_path_written_out_of_order_is_walked_from_its_source_to_its_sink() {
 }
 
 #[test]
-fn what_is_not_one_path_is_refused_naming_the_node_that_makes_it_so() {
+fn what_is_not_one_path_is_named_with_the_node_that_makes_it_so() {
     let not_a_path = |text: &str| parse(text).unwrap().graph().as_path().unwrap_err();
     let err = not_a_path("name: p\nsources:\n  a: {generator: {}}\n  b: {generator: {}}\nsteps:\n  - {name: both, input: [a, b], union: {}}\nsinks:\n  out: {input: both, blackhole: {}}\n");
-    assert_eq!(err.field, "sources.b");
-    assert!(err.message.starts_with("`b`: several sources in one job are not planned yet: the runtime runs one path"), "{}", err.message);
-    let err = not_a_path("name: p\nsources:\n  a: {generator: {}}\nsinks:\n  one: {input: a, blackhole: {}}\n  two: {input: a, blackhole: {}}\n");
-    assert_eq!((err.field.as_str(), err.message.starts_with("`two`: several sinks")), ("sinks.two", true), "{}", err.message);
+    assert_eq!((err.field.as_str(), err.message.as_str()), ("sources.b", "`b` is a second source"));
     let err = not_a_path(
         "name: p\nsources:\n  a: {generator: {}}\nsteps:\n  - {name: x, input: a, filter: \"seq > 1\"}\n  - {name: y, input: a, filter: \"seq > 2\"}\n  - {name: xy, input: [x, y], union: {}}\nsinks:\n  out: {input: xy, blackhole: {}}\n",
     );
-    assert_eq!(err.field, "steps[1]");
-    assert!(err.message.starts_with("`x` and `y` both read `a`: fan-out is not planned yet"), "{}", err.message);
+    assert_eq!((err.field.as_str(), err.message.as_str()), ("steps[1]", "`x` and `y` both read `a`"));
+}
+
+#[test]
+fn several_sinks_and_joins_are_refused_naming_the_node_and_unaligned_checkpoints_need_a_path() {
+    let runnable = |text: &str| parse(text).unwrap().runnable_graph().map(|_| ()).map_err(|e| e.to_string());
+    let err = runnable("name: p\nsources:\n  a: {generator: {}}\nsinks:\n  one: {input: a, blackhole: {}}\n  two: {input: a, blackhole: {}}\n");
+    assert_eq!(err.unwrap_err(), "sinks.two: `two`: several sinks in one job are not supported yet: write one sink");
+    let join = "name: p\nsources:\n  a: {generator: {}}\n  b: {generator: {}}\nsteps:\n  - {name: j, input: [a, b], join: {on: [key], ttl: 1m}}\nsinks:\n  out: {input: j, blackhole: {}}\n";
+    assert_eq!(runnable(join).unwrap_err(), "steps[0].join: `j`: join steps are not supported yet");
+    let union = |checkpoint: &str| {
+        format!("name: p\n{checkpoint}sources:\n  a: {{generator: {{}}}}\n  b: {{generator: {{}}}}\nsteps:\n  - {{name: both, input: [a, b], union: {{}}}}\nsinks:\n  out: {{input: both, blackhole: {{}}}}\n")
+    };
+    assert_eq!(runnable(&union("")), Ok(()));
+    let err = runnable(&union("checkpoint: {mode: unaligned}\n")).unwrap_err();
+    assert!(err.starts_with("checkpoint.mode: unaligned checkpoints are supported for a pipeline that is one path"), "{err}");
+    assert!(err.contains("at sources.b, `b` is a second source"), "{err}");
+    let err = runnable(&union("checkpoint: {alignment_timeout: 1s}\n")).unwrap_err();
+    assert!(err.starts_with("checkpoint.alignment_timeout: "), "{err}");
+    // A chain is one path, whatever its checkpoints.
+    assert_eq!(runnable("name: c\ncheckpoint: {mode: unaligned}\nsource: {generator: {}}\nsteps: [{key_by: key}, {running_count: n}]\nsink: {blackhole: {}}\n"), Ok(()));
 }

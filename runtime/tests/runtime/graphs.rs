@@ -1,0 +1,148 @@
+//! Pipelines written as graphs (runtime/design/graphs.md): several sources,
+//! fan-out, union and broadcast, under worker and whole-tree kills. Each
+//! output is checked against the counting oracle of `common` (every seq
+//! once, per key the counts 1..n), computed from the generator's rule
+//! (`key = seq % keys`, `value = seq`), never from another weir run.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::common::*;
+
+/// Two generators of the same events, the first keeping the even keys and
+/// the second the odd ones (`keys` is even, so a key's parity is its seqs'),
+/// merged by a union, then counted per key: the output is the counting
+/// job's, every seq once.
+fn two_sources_in_one_union(
+    parallelism: u32,
+    events: u64,
+    keys: u64,
+    rate: u64,
+    interval: &str,
+) -> Job {
+    assert_eq!(keys % 2, 0);
+    let generator =
+        format!("generator: {{events: {events}, keys: {keys}, rate: {rate}, batch_size: 256}}");
+    let yaml = format!(
+        "name: eo-test\nparallelism: {parallelism}\ncheckpoint: {{interval: {interval}}}\n\
+         sources:\n  a: {{{generator}}}\n  b: {{{generator}}}\n\
+         steps:\n  - {{name: evens, input: a, filter: \"key % 2 = 0\"}}\n  - {{name: odds, input: b, filter: \"key % 2 = 1\"}}\n\
+         \x20 - {{name: both, input: [evens, odds], union: {{}}}}\n  - {{name: keyed, input: both, key_by: key}}\n\
+         \x20 - {{name: counts, input: keyed, running_count: count}}\n\
+         sinks:\n  out:\n    input: counts\n    file: {{path: out/eo, format: jsonl, guarantee: exactly-once}}\n"
+    );
+    Job::with_pipeline(&yaml, events, keys)
+}
+
+#[test]
+fn a_union_of_two_sources_counts_every_event_once_under_worker_kills() {
+    let job = two_sources_in_one_union(2, 120_000, 98, 30_000, "150ms");
+    let out = run_with_worker_kills(&job, 4, |_| {});
+    assert!(
+        stderr(&out).contains("restarting"),
+        "no restart was reported:\n{}",
+        stderr(&out)
+    );
+    job.assert_exactly_once();
+}
+
+#[test]
+fn a_union_of_two_sources_restores_after_whole_tree_kills_at_another_parallelism() {
+    // 5 s of events; three rounds of at most 0.9 s each cannot finish it.
+    let job = two_sources_in_one_union(2, 150_000, 54, 30_000, "200ms");
+    kill_trees_then_restore_latest(&job, 400..900, Some("3"));
+    job.assert_exactly_once();
+}
+
+#[test]
+fn one_source_fanned_out_and_unioned_again_delivers_every_record_once_under_kills() {
+    // The diamond: barriers reach the union over both paths, and aligned
+    // checkpoints must neither deadlock nor let a record through twice.
+    let yaml = "name: eo-test\nparallelism: 2\ncheckpoint: {interval: 150ms}\n\
+                sources:\n  a: {generator: {events: 120000, keys: 64, rate: 30000, batch_size: 256}}\n\
+                steps:\n  - {name: low, input: a, filter: \"key < 20\"}\n  - {name: high, input: a, filter: \"key >= 20\"}\n\
+                \x20 - {name: both, input: [low, high], union: {}}\n  - {name: keyed, input: both, key_by: key}\n\
+                \x20 - {name: counts, input: keyed, running_count: count}\n\
+                sinks:\n  out:\n    input: counts\n    file: {path: out/eo, format: jsonl, guarantee: exactly-once}\n";
+    let job = Job::with_pipeline(yaml, 120_000, 64);
+    let out = run_with_worker_kills(&job, 4, |_| {});
+    assert!(
+        stderr(&out).contains("restarting"),
+        "no restart was reported:\n{}",
+        stderr(&out)
+    );
+    job.assert_exactly_once();
+}
+
+#[test]
+fn a_broadcast_delivers_every_record_to_every_subtask_once_under_kills() {
+    let (parallelism, events) = (3u32, 60_000i64);
+    let yaml = format!(
+        "name: eo-test\nparallelism: {parallelism}\ncheckpoint: {{interval: 150ms}}\n\
+         sources:\n  a: {{generator: {{events: {events}, keys: 10, rate: 20000, batch_size: 256}}}}\n\
+         steps:\n  - {{name: everywhere, input: a, broadcast: {{}}}}\n  - {{name: kept, input: everywhere, filter: \"seq >= 0\"}}\n\
+         sinks:\n  out:\n    input: kept\n    file: {{path: out/eo, format: jsonl, guarantee: exactly-once}}\n"
+    );
+    let job = Job::with_pipeline(&yaml, events as u64, 10);
+    run_with_worker_kills(&job, 3, |_| {});
+    let mut copies: BTreeMap<i64, u32> = BTreeMap::new();
+    for line in job.committed_lines() {
+        let seq = line["seq"].as_i64().expect("seq");
+        assert_eq!(line["key"].as_i64(), Some(seq % 10), "key of seq {seq}");
+        *copies.entry(seq).or_default() += 1;
+    }
+    assert_eq!(
+        copies.len() as i64,
+        events,
+        "committed {} distinct seqs of {events}",
+        copies.len()
+    );
+    let wrong: Vec<_> = copies
+        .iter()
+        .filter(|(_, n)| **n != parallelism)
+        .take(5)
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "seqs committed other than {parallelism} times (seq, times): {wrong:?}"
+    );
+}
+
+#[test]
+fn the_graph_example_runs_and_counts_each_key_from_its_one_source() {
+    let yaml = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/graph.yaml"
+    ))
+    .unwrap();
+    let job = Job::with_pipeline(
+        &yaml
+            .replace("name: graph", "name: eo-test")
+            .replace("out/graph", "out/eo"),
+        0,
+        100,
+    );
+    let out = wait_with_timeout(job.spawn(&[]), Duration::from_secs(120));
+    assert!(out.status.success(), "{}", stderr(&out));
+    // clicks: 200000 events, the even keys; views: 100000, the odd ones.
+    let mut expected: BTreeMap<i64, i64> = BTreeMap::new();
+    for seq in 0..200_000i64 {
+        if seq % 2 == 0 {
+            *expected.entry(seq % 100).or_default() += 1;
+        }
+    }
+    for seq in 0..100_000i64 {
+        if seq % 2 == 1 {
+            *expected.entry(seq % 100).or_default() += 1;
+        }
+    }
+    let mut last: BTreeMap<i64, i64> = BTreeMap::new();
+    let lines = job.committed_lines();
+    for l in &lines {
+        let (key, count) = (l["key"].as_i64().unwrap(), l["count"].as_i64().unwrap());
+        let top = last.entry(key).or_default();
+        *top = (*top).max(count);
+    }
+    assert_eq!(lines.len() as i64, expected.values().sum::<i64>());
+    assert_eq!(last, expected);
+}
