@@ -274,3 +274,52 @@ async fn a_failed_pod_is_recorded_as_recovering_before_the_old_run_is_deleted() 
         assert!(seen.contains(&format!("DELETE /api/v1/namespaces/jobs/pods/j-1-{i}")), "pod j-1-{i} deleted: {seen:?}");
     }
 }
+
+/// `kubectl apply` of a pipeline the operator refuses, while generation 1
+/// runs: the status written judges generation 2 as not Ready, says why, and
+/// nothing of the running job is touched, so `kubectl wait
+/// --for=condition=Ready` times out instead of returning on the old spec.
+#[tokio::test]
+async fn a_refused_change_is_written_as_not_ready_at_its_generation_and_the_running_job_is_left_alone() {
+    let (ctx, mut handle) = context();
+    let status = json!({
+        "phase": "Running",
+        "observedGeneration": 1,
+        "deployedSpecHash": "x",
+        "deployedGeneration": 1,
+        "conditions": [{"type": "Ready", "status": "True", "reason": "Running", "message": "generation 1 runs", "observedGeneration": 1, "lastTransitionTime": "2026-11-29T12:00:00Z"}],
+        "run": {"id": "01234567-1", "number": 1, "specHash": "x", "generation": 1, "workers": 2, "podsCreated": true, "startedAt": "2026-11-29T12:00:00Z"},
+        "restarts": 0, "restartsInARow": 0
+    });
+    let mut j = with_pipeline(true, Some(status), json!({
+        "name": "j",
+        "source": {"generator": {"events": 100, "keys": 10}},
+        "steps": [{"explode": "key"}],
+        "sink": {"file": {"path": "out", "format": "jsonl"}}
+    }));
+    j.metadata.generation = Some(2);
+    let pod = |i: u32| json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": format!("j-1-{i}"), "namespace": "jobs", "labels": {"weir.dev/job": "j", "weir.dev/run": "01234567-1", "weir.dev/worker": i.to_string()}},
+        "status": {"phase": "Running", "podIP": format!("127.0.1.{}", i + 1)}
+    });
+    let pods = json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [pod(0), pod(1)]});
+    let server = tokio::spawn(async move {
+        expect(&mut handle, "GET", "/api/v1/namespaces/jobs/pods", 200, pods).await;
+        // The coordinator is asked how the run does, with the job's token.
+        let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "j-control-token"}, "data": {"token": "c2VjcmV0"}});
+        expect(&mut handle, "GET", "/api/v1/namespaces/jobs/secrets/j-control-token", 200, secret).await;
+        let sent = expect(&mut handle, "PATCH", "/streamjobs/j/status", 200, serde_json::to_value(job(true, None)).unwrap()).await;
+        (handle, sent["status"].clone())
+    });
+    weir_controller::reconcile::reconcile(Arc::new(j), ctx).await.unwrap();
+    let (mut handle, st) = server.await.unwrap();
+    assert!(futures::poll!(Box::pin(handle.next_request())).is_pending(), "no pod is deleted or created");
+    assert_eq!(st["phase"], "Running");
+    assert_eq!(st["observedGeneration"], 2);
+    assert_eq!((&st["deployedSpecHash"], &st["deployedGeneration"]), (&json!("x"), &json!(1)), "generation 1 still runs");
+    let ready = st["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Ready").expect("a Ready condition").clone();
+    assert_eq!((&ready["status"], &ready["reason"], &ready["observedGeneration"]), (&json!("False"), &json!("SpecRefused"), &json!(2)));
+    let message = ready["message"].as_str().unwrap();
+    assert!(message.contains("generation 2 is refused") && message.contains("explode") && message.contains("generation 1 keeps running"), "{message}");
+}

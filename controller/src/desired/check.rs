@@ -58,6 +58,7 @@ pub fn check(job: &StreamJob, sink: &SinkSpec, settings: &WorkerSettings) -> Res
         id: "check".into(),
         number: 1,
         spec_hash: String::new(),
+        generation: None,
         restore_from: None,
         workers: 1,
         pods_created: false,

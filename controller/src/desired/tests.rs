@@ -10,6 +10,7 @@ fn run(restore: Option<&str>) -> RunStatus {
         id: "01234567-3".into(),
         number: 3,
         spec_hash: "h".into(),
+        generation: None,
         restore_from: restore.map(String::from),
         workers: 2,
         pods_created: false,

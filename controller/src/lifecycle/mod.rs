@@ -19,6 +19,7 @@ mod deploying;
 mod failed;
 mod finished;
 mod recovering;
+mod readiness;
 mod run;
 mod running;
 mod savepoint;

@@ -36,6 +36,7 @@ pub(super) fn new_run(cx: &Cx, st: &mut StreamJobStatus, restore_from: Option<St
         id: format!("{short}-{number}"),
         number,
         spec_hash: cx.spec_hash.clone(),
+        generation: cx.job.metadata.generation,
         workers: cx.job.spec.parallelism.max(1),
         pods_created: false,
         not_before: not_before.map(Time),
@@ -112,6 +113,7 @@ pub(super) fn advance(cx: &Cx, st: &mut StreamJobStatus) -> Progress {
             // spec: a fixed pod template is tried at once, not after the backoff.
             if run.spec_hash != cx.spec_hash && cx.validation.is_ok() {
                 run.spec_hash = cx.spec_hash.clone();
+                run.generation = cx.job.metadata.generation;
                 run.workers = cx.job.spec.parallelism.max(1);
                 run.not_before = None;
             }

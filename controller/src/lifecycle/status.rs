@@ -1,5 +1,6 @@
 //! Turns a state's [`Step`] into the status to write: the phase and when it
-//! changed, conditions, the message, and the transition event.
+//! changed, conditions, the message, and the transition event. Every
+//! condition judges `metadata.generation`; `readiness` decides `Ready`.
 
 use std::time::Duration;
 
@@ -7,7 +8,7 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use weir_api::streamjob::{condition_types, Phase, StreamJobStatus};
 
-use super::{Cx, Decision, Note, Step};
+use super::{readiness, Cx, Decision, Note, Step};
 
 pub(super) fn finish(cx: &Cx, mut st: StreamJobStatus, before: Option<Phase>, step: Step) -> Decision {
     let now = cx.now;
@@ -37,24 +38,34 @@ pub(super) fn finish(cx: &Cx, mut st: StreamJobStatus, before: Option<Phase>, st
         st.guarantee = Some(*g);
         st.guarantee_reason = Some(why.clone());
     }
+    // The status judges the generation just read: kubectl wait and Argo CD
+    // take a condition at an older observedGeneration as not yet judged.
     st.observed_generation = cx.job.metadata.generation;
     let generation = st.observed_generation;
+    readiness::record_deployed(cx, &mut st, next);
     let phase = next.map(|p| format!("{p:?}")).unwrap_or_else(|| "Created".into());
     let message = st.message.clone().unwrap_or_default();
-    let ready = next == Some(Phase::Running);
-    set_condition(&mut st.conditions, condition_types::READY, ready, &phase, &message, generation, now);
+    let degraded = match (step.degraded, next, &cx.validation) {
+        (Some(d), _, _) => Some(d),
+        (None, Some(Phase::Failed), _) => {
+            let reason = st.last_failure.as_ref().map(|f| f.reason.clone()).unwrap_or_else(|| "Failed".into());
+            Some((reason, message.clone()))
+        }
+        // A refused generation needs attention in every phase, also while
+        // the previous spec keeps running or a run of it is starting.
+        (None, _, Err(why)) => Some((why.reason.to_string(), format!("spec not applied: {why}"))),
+        _ => None,
+    };
+    let ready = readiness::judge(cx, &st, next, degraded.as_ref());
+    set_condition(&mut st.conditions, condition_types::READY, ready.ready, &ready.reason, &ready.message, generation, now);
     let progressing = matches!(
         next,
         Some(Phase::Deploying | Phase::Savepointing | Phase::Upgrading | Phase::Recovering | Phase::Suspending | Phase::Deleting)
     );
     set_condition(&mut st.conditions, condition_types::PROGRESSING, progressing, &phase, &message, generation, now);
-    match (&step.degraded, next) {
-        (Some((reason, m)), _) => set_condition(&mut st.conditions, condition_types::DEGRADED, true, reason, m, generation, now),
-        (None, Some(Phase::Failed)) => {
-            let reason = st.last_failure.as_ref().map(|f| f.reason.clone()).unwrap_or_else(|| "Failed".into());
-            set_condition(&mut st.conditions, condition_types::DEGRADED, true, &reason, &message, generation, now)
-        }
-        _ => set_condition(&mut st.conditions, condition_types::DEGRADED, false, "Healthy", "", generation, now),
+    match &degraded {
+        Some((reason, m)) => set_condition(&mut st.conditions, condition_types::DEGRADED, true, reason, m, generation, now),
+        None => set_condition(&mut st.conditions, condition_types::DEGRADED, false, "Healthy", "", generation, now),
     }
     Decision { status: st, effects: step.effects, notes, requeue: step.requeue, transition }
 }

@@ -22,7 +22,7 @@ pub use spec::{
     STORAGE_URI_MESSAGE, STORAGE_URI_RULE,
 };
 pub use status::{
-    condition_types, CheckpointRef, Failure, PendingSavepoint, Phase, RunStatus, SavepointReason,
+    condition_types, ready_reasons, CheckpointRef, Failure, PendingSavepoint, Phase, RunStatus, SavepointReason,
     SavepointRef, StreamJobStatus, SAVEPOINT_HISTORY_LIMIT,
 };
 pub use validation::{PipelineDocument, PIPELINE_ERROR_NAME};

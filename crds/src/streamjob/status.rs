@@ -14,14 +14,37 @@ use crate::pipeline::Guarantee;
 /// status (not from storage) so that the object stays small.
 pub const SAVEPOINT_HISTORY_LIMIT: usize = 10;
 
-/// Condition types the controller sets.
+/// Condition types the controller sets. Each condition's
+/// `observedGeneration` is the `metadata.generation` it judges.
 pub mod condition_types {
-    /// The job's pods run and the job makes progress.
+    /// True only while the spec of the judged generation runs: every worker
+    /// up and the job checkpointing. `kubectl wait --for=condition=Ready`
+    /// after a change therefore returns once the change runs.
     pub const READY: &str = "Ready";
     /// A deploy, upgrade, savepoint, suspension or recovery is under way.
     pub const PROGRESSING: &str = "Progressing";
     /// Something needs attention: failed savepoint, restarts, invalid pipeline.
     pub const DEGRADED: &str = "Degraded";
+}
+
+/// Reasons of a False `Ready` condition that tools may act on (an Argo CD
+/// health check, alerts). Other reasons name the phase (`Deploying`,
+/// `Upgrading`, `Recovering`, ...) or the failure (`CheckpointsStalled`).
+pub mod ready_reasons {
+    /// The spec of the judged generation runs.
+    pub const RUNNING: &str = "Running";
+    /// The judged generation was refused (invalid pipeline, no worker
+    /// image, no shared volume); what ran before keeps running, if anything.
+    pub const SPEC_REFUSED: &str = "SpecRefused";
+    /// The upgrade to the judged generation failed (its savepoint failed or
+    /// timed out); the previous spec keeps running and the upgrade is retried.
+    pub const UPGRADE_FAILED: &str = "UpgradeFailed";
+    /// The judged generation differs from the running one and its upgrade
+    /// has not started yet.
+    pub const UPGRADE_PENDING: &str = "UpgradePending";
+    /// The judged generation asks for suspension and its savepoint failed;
+    /// the job keeps running and the suspension is retried.
+    pub const SUSPEND_FAILED: &str = "SuspendFailed";
 }
 
 #[derive(KubeSchema, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -45,14 +68,22 @@ pub struct StreamJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run: Option<RunStatus>,
 
-    /// The metadata.generation this status describes.
+    /// The metadata.generation this status judges: the conditions say whether
+    /// that generation's spec runs, and if not, why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 
-    /// Hash of the spec the running pods were built from; a different hash of the
-    /// current spec means an upgrade is due.
+    /// Hash of the spec the job's pods run, written when a run comes up (every
+    /// worker joined). It stays while the job is stopped, naming what ran
+    /// last. A different hash of the current spec means an upgrade is due.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deployed_spec_hash: Option<String>,
+
+    /// The metadata.generation whose spec the job's pods run (the newest
+    /// generation with that spec hash): when it is below
+    /// `observedGeneration`, the latest change does not run yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployed_generation: Option<i64>,
 
     /// The guarantee the deployed pipeline gives (the weakest of its
     /// `guarantee` setting, its source and its sink).
@@ -184,6 +215,9 @@ pub struct RunStatus {
     pub number: i64,
     /// Hash of the spec the run's pods were built from.
     pub spec_hash: String,
+    /// The metadata.generation of that spec, when the run was decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
     /// What the run restores from: a savepoint or checkpoint location, `latest`
     /// (the latest completed checkpoint, or a fresh start when there is none),
     /// or nothing (a fresh start).

@@ -12,6 +12,8 @@ use crate::desired::WorkerSettings;
 use crate::observe::{Observed, PodView, Rejection, START_GRACE};
 use crate::testing::{exited, pod, JobBuilder};
 
+mod readiness;
+
 /// A job and the world around it, advanced one reconcile at a time.
 struct World {
     job: StreamJob,
