@@ -162,10 +162,22 @@ impl RestoredState {
         let batches = self
             .keyed_batches(&id, subtask, plan.spec.parallelism)
             .await?;
+        if batches.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Records in flight are re-partitioned by the key of the stage's one
+        // hash input; a stage of this plan that reads otherwise (a source,
+        // a forward or broadcast edge, several inputs) cannot take them, and
+        // dropping them would lose records.
         let (Some(keys), Some(stage_plan)) =
             (plan.input_key_indices(stage), plan.stages.get(stage))
         else {
-            return Ok(Vec::new());
+            return Err(Error::BadCheckpoint {
+                location: self.location.display.clone(),
+                message: format!(
+                    "it holds records in flight towards stage {stage} (`{id}`), but stage {stage} of this pipeline does not read one hash-partitioned input: restore it into the pipeline it was taken with, or from a savepoint (savepoints hold no records in flight)"
+                ),
+            });
         };
         let partitioner = crate::exchange::partition::Partitioner::new(
             keys.to_vec(),

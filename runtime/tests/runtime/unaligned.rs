@@ -105,6 +105,32 @@ fn records_in_flight_in_an_unaligned_checkpoint_are_restored_at_another_parallel
 }
 
 #[test]
+fn records_in_flight_are_refused_by_a_graph_whose_stage_reads_them_otherwise_and_nothing_is_lost() {
+    let job = counting(2, 150_000, 0, "  mode: unaligned\n", Some("10ms"));
+    kill_once_the_latest_checkpoint_holds_records_in_flight(&job, &[], "2");
+    // The same count behind a fan-out and a union: its stage 1 is a filter
+    // reading the source forward, which cannot take the chain's records in
+    // flight towards its stage 1 (the count).
+    let graph = "name: eo-test\nparallelism: 2\ncheckpoint: {interval: 150ms}\n\
+                 sources:\n  source: {generator: {events: 150000, keys: 97, rate: 0, batch_size: 256}}\n\
+                 steps:\n  - {name: low, input: source, filter: \"key < 50\"}\n  - {name: high, input: source, filter: \"key >= 50\"}\n\
+                 \x20 - {name: both, input: [low, high], union: {}}\n  - {name: keyed, input: both, key_by: key}\n\
+                 \x20 - {name: running_count-0, input: keyed, running_count: count}\n\
+                 sinks:\n  sink: {input: running_count-0, file: {path: out/eo, format: jsonl, guarantee: exactly-once}}\n";
+    job.write_pipeline(graph);
+    let out = wait_with_timeout(job.spawn(&["--restore", "latest"]), Duration::from_secs(60));
+    let err = stderr(&out);
+    assert!(!out.status.success(), "the graph restored records in flight it cannot take:\n{err}");
+    assert!(err.contains("holds records in flight towards stage 1 (`in-flight-1`), but stage 1 of this pipeline does not read one hash-partitioned input"), "{err}");
+    // Refused, not lost: the pipeline it was taken with restores it exactly once.
+    let chain = "name: eo-test\nparallelism: 2\ncheckpoint:\n  interval: 150ms\n  mode: unaligned\nsource:\n  generator:\n    events: 150000\n    keys: 97\n    rate: 0\n    batch_size: 256\nsteps:\n  - key_by: key\n  - running_count: count\nsink:\n  file:\n    path: out/eo\n    format: jsonl\n    guarantee: exactly-once\n";
+    job.write_pipeline(chain);
+    let out = wait_with_timeout(job.spawn(&["--restore", "latest"]), Duration::from_secs(240));
+    assert!(out.status.success(), "the chain did not restore its own checkpoint:\n{}", stderr(&out));
+    job.assert_exactly_once();
+}
+
+#[test]
 fn unaligned_settings_that_cannot_work_are_refused_naming_the_field() {
     let job = Job::with_pipeline(
         "name: eo-test\nguarantee: at-least-once\ncheckpoint:\n  mode: unaligned\nsource:\n  generator: {events: 10}\nsink:\n  blackhole: {}\n",
