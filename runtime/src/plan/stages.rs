@@ -227,35 +227,25 @@ impl<'a> Cutting<'a> {
     /// input's only reader and not behind a key_by or broadcast; else a new
     /// stage reading the input over an edge.
     fn chained(&mut self, name: &str, input: &str) -> Result<(usize, Stream)> {
-        if let Some(Output::Tail { stage, stream }) = self.outputs.get(input) {
-            if self.graph.consumers(input).len() == 1 {
-                return Ok((*stage, stream.clone()));
-            }
-        }
-        let (from, kind, stream) = self.edge_from(input)?;
-        let stage = self.open(
-            name,
-            None,
-            vec![(from, kind, stream.schema.clone())],
-            stream.schema.clone(),
-        );
-        Ok((stage, stream))
+        let only_reader = self.graph.consumers(input).len() == 1;
+        self.stage_after(name, input, only_reader)
     }
 
     /// The stage whose output a key_by or broadcast partitions: its
-    /// input's stage, or, behind another key_by or broadcast, a new stage
-    /// with no operators.
+    /// input's stage (whoever else reads it), or, behind another key_by or
+    /// broadcast, a new stage with no operators.
     fn tail_of(&mut self, name: &str, input: &str) -> Result<(usize, Stream)> {
-        if let Some(Output::Tail { stage, stream }) = self.outputs.get(input) {
+        self.stage_after(name, input, true)
+    }
+
+    /// `input`'s stage when `join` and `input` ends one; else a new stage,
+    /// named `name`, reading `input` over an edge.
+    fn stage_after(&mut self, name: &str, input: &str, join: bool) -> Result<(usize, Stream)> {
+        if let (true, Some(Output::Tail { stage, stream })) = (join, self.outputs.get(input)) {
             return Ok((*stage, stream.clone()));
         }
         let (from, kind, stream) = self.edge_from(input)?;
-        let stage = self.open(
-            name,
-            None,
-            vec![(from, kind, stream.schema.clone())],
-            stream.schema.clone(),
-        );
+        let stage = self.open(name, None, vec![(from, kind, stream.schema.clone())], stream.schema.clone());
         Ok((stage, stream))
     }
 

@@ -34,16 +34,18 @@ fn two_sources_in_one_union(
     Job::with_pipeline(&yaml, events, keys)
 }
 
+/// Four worker SIGKILLs at random moments, at least one restart, then the
+/// counting oracle.
+fn counts_every_event_once_under_worker_kills(job: &Job) {
+    let out = run_with_worker_kills(job, 4, |_| {});
+    assert!(stderr(&out).contains("restarting"), "no restart was reported:\n{}", stderr(&out));
+    job.assert_exactly_once();
+}
+
 #[test]
 fn a_union_of_two_sources_counts_every_event_once_under_worker_kills() {
     let job = two_sources_in_one_union(2, 120_000, 98, 30_000, "150ms");
-    let out = run_with_worker_kills(&job, 4, |_| {});
-    assert!(
-        stderr(&out).contains("restarting"),
-        "no restart was reported:\n{}",
-        stderr(&out)
-    );
-    job.assert_exactly_once();
+    counts_every_event_once_under_worker_kills(&job);
 }
 
 #[test]
@@ -65,13 +67,7 @@ fn one_source_fanned_out_and_unioned_again_delivers_every_record_once_under_kill
                 \x20 - {name: counts, input: keyed, running_count: count}\n\
                 sinks:\n  out:\n    input: counts\n    file: {path: out/eo, format: jsonl, guarantee: exactly-once}\n";
     let job = Job::with_pipeline(yaml, 120_000, 64);
-    let out = run_with_worker_kills(&job, 4, |_| {});
-    assert!(
-        stderr(&out).contains("restarting"),
-        "no restart was reported:\n{}",
-        stderr(&out)
-    );
-    job.assert_exactly_once();
+    counts_every_event_once_under_worker_kills(&job);
 }
 
 #[test]
