@@ -27,7 +27,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 pub use duration::{HumanDuration, SignedDuration};
-pub use graph::{Node, NodeRef, NotRunnable, PipelineGraph, PipelinePath};
+pub use graph::{Node, NodeRef, NotRunnable, PipelineGraph};
 pub use named::Named;
 pub use nodes::{SinkNode, SourceNode};
 pub use kafka::{

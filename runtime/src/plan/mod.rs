@@ -86,7 +86,21 @@ pub struct StageInput {
     /// The records' schema: the upstream stage's output.
     pub schema: SchemaRef,
     pub edge: EdgeKind,
+    /// The key fields (indices into `schema`) when the records on this
+    /// edge are keyed: a hash edge's own keys, or the keys of a keyed
+    /// stream that a forward edge carries. A rescaled restore re-partitions
+    /// the records that were in flight on the edge by them.
+    pub keys: Option<Vec<usize>>,
+    /// What flows on the edge, by a name that stays when stages are
+    /// renumbered: the node whose output it carries, and the reader when
+    /// that node has several. Records in flight on an edge restore only
+    /// into an input of the same name (`in_flight_edge` below).
+    pub edge_id: String,
 }
+
+/// The schema metadata key under which a checkpoint's records in flight
+/// name the edge they were on.
+pub const IN_FLIGHT_EDGE: &str = "weir.in_flight_edge";
 
 /// How an upstream subtask's records reach the downstream subtasks.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -194,9 +208,14 @@ impl std::fmt::Debug for JobPlan {
 }
 
 /// The state id under which an unaligned checkpoint keeps the records that
-/// were in flight towards stage `stage` (every stage but the first has inputs).
-pub fn channel_state_id(stage: usize) -> String {
-    format!("in-flight-{stage}")
+/// were in flight towards input `input` of stage `stage`. Input 0 keeps the
+/// name it had before stages had several inputs, so that checkpoints of
+/// chains taken then still restore.
+pub fn channel_state_id(stage: usize, input: usize) -> String {
+    match input {
+        0 => format!("in-flight-{stage}"),
+        k => format!("in-flight-{stage}.{k}"),
+    }
 }
 
 /// The state id under which checkpoints keep the side output of window
@@ -222,15 +241,6 @@ impl JobPlan {
 }
 
 impl JobPlan {
-    /// The columns stage `stage`'s one input is hash-partitioned by; `None`
-    /// for a stage without inputs, several, or another edge.
-    pub fn input_key_indices(&self, stage: usize) -> Option<&[usize]> {
-        match self.stages.get(stage)?.inputs.as_slice() {
-            [StageInput { edge: EdgeKind::Hash { key_indices }, .. }] => Some(key_indices),
-            _ => None,
-        }
-    }
-
     pub fn stage_count(&self) -> usize {
         self.stages.len()
     }
@@ -244,7 +254,7 @@ impl JobPlan {
     pub fn stateful_operator_ids(&self) -> Vec<String> {
         let mut ids: Vec<String> = self.sources().map(|(_, s)| s.state_id.clone()).collect();
         ids.push(self.sink.state_id.clone());
-        ids.extend(self.stages.iter().filter(|s| !s.inputs.is_empty()).map(|s| channel_state_id(s.index)));
+        ids.extend(self.stages.iter().flat_map(|s| (0..s.inputs.len()).map(|k| channel_state_id(s.index, k))));
         for s in &self.stages {
             for o in &s.operators {
                 if matches!(o.kind, OperatorKind::Running(_) | OperatorKind::Window(_)) {

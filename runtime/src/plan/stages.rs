@@ -152,10 +152,13 @@ impl<'a> Cutting<'a> {
     /// key_by, else forward. Its records are keyed when every input is
     /// keyed by the same fields, and carry event time when every input does.
     fn union(&mut self, node: &'a Node<StepKind>) -> Result<Output> {
-        let inputs: Vec<(usize, EdgeKind, Stream)> = node
+        let inputs: Vec<(usize, EdgeKind, Stream, String)> = node
             .inputs
             .iter()
-            .map(|i| self.edge_from(i))
+            .map(|i| {
+                let (from, kind, stream) = self.edge_from(i)?;
+                Ok((from, kind, stream, self.edge_id(i, &node.name)))
+            })
             .collect::<Result<_>>()?;
         let first = &inputs[0].2;
         let mut fields: Vec<Field> = first
@@ -164,7 +167,7 @@ impl<'a> Cutting<'a> {
             .iter()
             .map(|f| f.as_ref().clone())
             .collect();
-        for (k, (_, _, stream)) in inputs.iter().enumerate().skip(1) {
+        for (k, (_, _, stream, _)) in inputs.iter().enumerate().skip(1) {
             let invalid = |msg: String| {
                 Error::Pipeline(self.src.invalid(&format!("{}.input[{k}]", node.path), msg))
             };
@@ -208,18 +211,14 @@ impl<'a> Cutting<'a> {
         let keys = first
             .keys
             .clone()
-            .filter(|k| inputs.iter().all(|(_, _, s)| s.keys.as_ref() == Some(k)));
+            .filter(|k| inputs.iter().all(|(_, _, s, _)| s.keys.as_ref() == Some(k)));
         let schema: SchemaRef = Arc::new(Schema::new(fields));
         let stream = Stream {
             schema: schema.clone(),
             keys,
             event_time: first.event_time.clone(),
         };
-        let edges = inputs
-            .into_iter()
-            .map(|(from, kind, s)| (from, kind, s.schema))
-            .collect();
-        let stage = self.open(&node.name, None, edges, schema);
+        let stage = self.open(&node.name, None, inputs, schema);
         Ok(Output::Tail { stage, stream })
     }
 
@@ -245,8 +244,21 @@ impl<'a> Cutting<'a> {
             return Ok((*stage, stream.clone()));
         }
         let (from, kind, stream) = self.edge_from(input)?;
-        let stage = self.open(name, None, vec![(from, kind, stream.schema.clone())], stream.schema.clone());
+        let schema = stream.schema.clone();
+        let edge_id = self.edge_id(input, name);
+        let stage = self.open(name, None, vec![(from, kind, stream.clone(), edge_id)], schema);
         Ok((stage, stream))
+    }
+
+    /// The name of the edge from `input` to its reader `reader` (see
+    /// `StageInput::edge_id`): `input` alone when it has one reader, so
+    /// that a step inserted before the reader keeps the name.
+    fn edge_id(&self, input: &str, reader: &str) -> String {
+        if self.graph.consumers(input).len() == 1 {
+            input.to_string()
+        } else {
+            format!("{input} to {reader}")
+        }
     }
 
     /// How a new reader of `input` is fed: from which stage, over which edge.
@@ -260,17 +272,24 @@ impl<'a> Cutting<'a> {
         }
     }
 
-    /// A new stage reading `inputs` (from stage, edge kind, its schema).
+    /// A new stage reading `inputs` (from stage, edge kind, the stream on it).
     fn open(
         &mut self,
         name: &str,
         source: Option<SourcePlan>,
-        inputs: Vec<(usize, EdgeKind, SchemaRef)>,
+        inputs: Vec<(usize, EdgeKind, Stream, String)>,
         schema: SchemaRef,
     ) -> usize {
         let index = self.stages.len();
         let mut stage_inputs = Vec::with_capacity(inputs.len());
-        for (k, (from, kind, from_schema)) in inputs.into_iter().enumerate() {
+        for (k, (from, kind, stream, edge_id)) in inputs.into_iter().enumerate() {
+            let keys = match &kind {
+                EdgeKind::Hash { key_indices } => Some(key_indices.clone()),
+                EdgeKind::Broadcast => None,
+                EdgeKind::Forward => stream.keys.as_ref().and_then(|names| {
+                    names.iter().map(|n| stream.schema.index_of(n).ok()).collect()
+                }),
+            };
             self.stages[from].edges.push(OutEdge {
                 to_stage: index,
                 input: k,
@@ -278,8 +297,10 @@ impl<'a> Cutting<'a> {
             });
             stage_inputs.push(StageInput {
                 from_stage: from,
-                schema: from_schema,
+                schema: stream.schema,
                 edge: kind,
+                keys,
+                edge_id,
             });
         }
         self.stages.push(Building {

@@ -102,7 +102,25 @@ fn a_fan_out_gets_forward_edges_and_a_union_reads_each_input_over_its_own() {
     );
     assert!(plan.stages[3].operators.is_empty(), "the gate merges a union's inputs");
     assert!(matches!(plan.stages[4].output, StageOutput::Sink));
-    assert_eq!(plan.stateful_operator_ids(), ["a", "out", "in-flight-1", "in-flight-2", "in-flight-3", "in-flight-4", "n"]);
+    assert_eq!(plan.stateful_operator_ids(), ["a", "out", "in-flight-1", "in-flight-2", "in-flight-3", "in-flight-3.1", "in-flight-4", "n"]);
+    // Records in flight are kept per input, under the edge's name: a node
+    // with several readers names the reader too.
+    let edges: Vec<Vec<(&str, Option<Vec<usize>>)>> =
+        plan.stages.iter().map(|s| s.inputs.iter().map(|i| (i.edge_id.as_str(), i.keys.clone())).collect()).collect();
+    assert_eq!(
+        edges,
+        [vec![], vec![("a to x", None)], vec![("a to y", None)], vec![("x", None), ("y", None)], vec![("keyed", Some(vec![1]))]]
+    );
+}
+
+#[test]
+fn a_forward_edge_carrying_a_keyed_stream_names_its_keys_for_a_rescaled_restore() {
+    let text = "name: t\nsources:\n  a: {generator: {}}\nsteps:\n  - {name: keyed, input: a, key_by: key}\n  - {name: n, input: keyed, running_count: n}\n  - {name: x, input: n, filter: n > 3}\n  - {name: y, input: n, filter: n < 3}\n  - {name: xy, input: [x, y], union: {}}\nsinks:\n  out: {input: xy, blackhole: {}}\n";
+    let plan = plan_text(text).unwrap();
+    let x = plan.stages.iter().find(|s| s.name == "x").unwrap();
+    assert_eq!((x.inputs[0].edge.clone(), x.inputs[0].keys.clone()), (EdgeKind::Forward, Some(vec![1])));
+    let xy = plan.stages.iter().find(|s| s.name == "xy").unwrap();
+    assert_eq!(xy.inputs.iter().map(|i| i.keys.clone()).collect::<Vec<_>>(), [Some(vec![1]), Some(vec![1])]);
 }
 
 #[test]

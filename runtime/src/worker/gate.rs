@@ -54,13 +54,18 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::{Error, Result};
 use crate::exchange::{Barrier, Message};
 
+/// Records of a stage's inputs, each tagged with the input it came on
+/// (the index of the stage input in the plan, not of the channel).
+pub type InFlight = Vec<(usize, RecordBatch)>;
+
 pub enum GateEvent {
-    Batch(RecordBatch),
+    /// Records from stage input `.0`.
+    Batch(usize, RecordBatch),
     /// Barrier n has arrived on every live input.
     Barrier(Barrier),
     /// Snapshot now, before barrier n arrived on every input: the records
     /// in flight before it come on the receiver once it has.
-    UnalignedBarrier(Barrier, oneshot::Receiver<Vec<RecordBatch>>),
+    UnalignedBarrier(Barrier, oneshot::Receiver<InFlight>),
     /// Every input has ended.
     End,
     /// The smallest watermark of the live inputs grew to this.
@@ -88,10 +93,10 @@ pub struct Unaligning {
 /// An unaligned snapshot whose in-flight records are still being drained.
 struct Recording {
     checkpoint_id: u64,
-    batches: Vec<RecordBatch>,
+    batches: InFlight,
     /// Inputs that delivered the barrier (or ended): nothing more of theirs belongs to it.
     done: Vec<bool>,
-    deliver: oneshot::Sender<Vec<RecordBatch>>,
+    deliver: oneshot::Sender<InFlight>,
 }
 
 /// What waiting on the inputs gave.
@@ -106,7 +111,11 @@ enum Received {
 }
 
 pub struct InputGate {
+    /// The channels, one per upstream subtask of each stage input.
     inputs: Vec<mpsc::Receiver<Message>>,
+    /// Per channel, the stage input it belongs to: recorded and restored
+    /// records keep it, since each input has its own schema and edge.
+    input_of: Vec<usize>,
     alignment: Alignment,
     /// Inputs that delivered the barrier being aligned (blocked, when aligned).
     blocked: Vec<bool>,
@@ -132,14 +141,17 @@ pub struct InputGate {
     /// Per input, messages drained while recording and not yet handed out.
     drained: Vec<VecDeque<Message>>,
     /// In-flight records of the restored checkpoint, handed out before anything else.
-    restored: VecDeque<RecordBatch>,
+    restored: VecDeque<(usize, RecordBatch)>,
 }
 
 impl InputGate {
-    pub fn new(name: String, inputs: Vec<mpsc::Receiver<Message>>, alignment: Alignment) -> Self {
-        let n = inputs.len();
+    /// A gate over `channels`, each with the stage input it belongs to.
+    pub fn new(name: String, channels: Vec<(usize, mpsc::Receiver<Message>)>, alignment: Alignment) -> Self {
+        let n = channels.len();
+        let (input_of, inputs) = channels.into_iter().unzip();
         InputGate {
             inputs,
+            input_of,
             alignment,
             blocked: vec![false; n],
             ended: vec![false; n],
@@ -168,7 +180,7 @@ impl InputGate {
 
     /// Records of the restored checkpoint that were in flight towards this
     /// subtask: handed out first, before any input is read.
-    pub fn with_restored(mut self, batches: Vec<RecordBatch>) -> Self {
+    pub fn with_restored(mut self, batches: InFlight) -> Self {
         self.restored = batches.into();
         self
     }
@@ -222,8 +234,8 @@ impl InputGate {
     /// The next event. Cancel-safe: nothing is lost when the future is dropped.
     pub async fn next(&mut self) -> Result<GateEvent> {
         loop {
-            if let Some(b) = self.restored.pop_front() {
-                return Ok(GateEvent::Batch(b));
+            if let Some((input, b)) = self.restored.pop_front() {
+                return Ok(GateEvent::Batch(input, b));
             }
             self.deliver_recording();
             if let Some(ev) = self.switch_to_unaligned() {
@@ -353,13 +365,12 @@ impl InputGate {
         let batches = self
             .drained
             .iter()
-            .flatten()
-            .filter_map(|m| {
-                if let Message::Batch(b) = m {
-                    Some(b.clone())
-                } else {
-                    None
-                }
+            .zip(&self.input_of)
+            .flat_map(|(queue, &input)| {
+                queue.iter().filter_map(move |m| match m {
+                    Message::Batch(b) => Some((input, b.clone())),
+                    _ => None,
+                })
             })
             .collect();
         let (deliver, rx) = oneshot::channel();
@@ -402,7 +413,7 @@ impl InputGate {
             }
             Message::Batch(b) => {
                 crate::fault::crash_point("mid-recording", r.checkpoint_id);
-                r.batches.push(b.clone());
+                r.batches.push((self.input_of[i], b.clone()));
                 self.drained[i].push_back(Message::Batch(b));
             }
             Message::End => {
@@ -416,7 +427,7 @@ impl InputGate {
 
     fn handle(&mut self, i: usize, msg: Message) -> Result<Option<GateEvent>> {
         Ok(match msg {
-            Message::Batch(b) => Some(GateEvent::Batch(b)),
+            Message::Batch(b) => Some(GateEvent::Batch(self.input_of[i], b)),
             Message::Barrier(b) => self.on_barrier(i, b)?,
             Message::Watermark(w) => {
                 self.idle[i] = false;
@@ -535,7 +546,7 @@ mod tests {
 
     fn value(e: &GateEvent) -> i64 {
         match e {
-            GateEvent::Batch(b) => b.column(0).as_any().downcast_ref::<Int64Array>().unwrap().value(0),
+            GateEvent::Batch(_, b) => b.column(0).as_any().downcast_ref::<Int64Array>().unwrap().value(0),
             GateEvent::Barrier(b) => -(b.checkpoint_id as i64),
             GateEvent::UnalignedBarrier(b, _) => -1000 - (b.checkpoint_id as i64),
             GateEvent::End => i64::MIN,
@@ -548,7 +559,7 @@ mod tests {
     async fn the_watermark_is_the_smallest_of_the_live_inputs_and_idle_inputs_hold_nothing_back() {
         let (tx0, rx0) = mpsc::channel(16);
         let (tx1, rx1) = mpsc::channel(16);
-        let mut gate = InputGate::new("t".into(), vec![rx0, rx1], Alignment::Aligned);
+        let mut gate = InputGate::new("t".into(), vec![(0, rx0), (1, rx1)], Alignment::Aligned);
         tx0.send(Message::Watermark(10)).await.unwrap();
         tx0.send(Message::Watermark(20)).await.unwrap();
         // Until input 1 sends one, nothing; then the smaller of the two.
@@ -573,7 +584,7 @@ mod tests {
     async fn records_after_a_barrier_wait_until_every_input_delivered_it() {
         let (tx0, rx0) = mpsc::channel(16);
         let (tx1, rx1) = mpsc::channel(16);
-        let mut gate = InputGate::new("t".into(), vec![rx0, rx1], Alignment::Aligned);
+        let mut gate = InputGate::new("t".into(), vec![(0, rx0), (1, rx1)], Alignment::Aligned);
         // Input 0 is ahead: its barrier and a record after it are queued.
         tx0.send(batch(1)).await.unwrap();
         tx0.send(barrier(1)).await.unwrap();
@@ -599,7 +610,7 @@ mod tests {
     async fn tracked_inputs_are_read_past_a_barrier_until_every_input_delivered_it() {
         let (tx0, rx0) = mpsc::channel(16);
         let (tx1, rx1) = mpsc::channel(16);
-        let mut gate = InputGate::new("t".into(), vec![rx0, rx1], Alignment::Tracked);
+        let mut gate = InputGate::new("t".into(), vec![(0, rx0), (1, rx1)], Alignment::Tracked);
         tx0.send(barrier(1)).await.unwrap();
         tx0.send(batch(100)).await.unwrap();
         tx0.send(batch(101)).await.unwrap();
@@ -618,7 +629,7 @@ mod tests {
     async fn a_tracked_gate_gives_up_an_abandoned_barrier_for_a_newer_one() {
         let (tx0, rx0) = mpsc::channel(16);
         let (tx1, rx1) = mpsc::channel(16);
-        let mut gate = InputGate::new("t".into(), vec![rx0, rx1], Alignment::Tracked);
+        let mut gate = InputGate::new("t".into(), vec![(0, rx0), (1, rx1)], Alignment::Tracked);
         tx0.send(barrier(1)).await.unwrap();
         tx0.send(barrier(2)).await.unwrap();
         tx0.send(batch(7)).await.unwrap();
@@ -637,7 +648,7 @@ mod tests {
     async fn an_ended_input_does_not_hold_back_alignment() {
         let (tx0, rx0) = mpsc::channel(16);
         let (tx1, rx1) = mpsc::channel(16);
-        let mut gate = InputGate::new("t".into(), vec![rx0, rx1], Alignment::Aligned);
+        let mut gate = InputGate::new("t".into(), vec![(0, rx0), (1, rx1)], Alignment::Aligned);
         tx0.send(barrier(5)).await.unwrap();
         tx0.send(Message::End).await.unwrap();
         tx1.send(barrier(5)).await.unwrap();
@@ -646,15 +657,24 @@ mod tests {
         assert!(matches!(gate.next().await.unwrap(), GateEvent::End));
     }
 
-    fn values(batches: &[RecordBatch]) -> Vec<i64> {
-        let mut v: Vec<i64> = batches
+    /// The recorded values, sorted, whichever input they came on.
+    fn values(batches: &[(usize, RecordBatch)]) -> Vec<i64> {
+        let mut v: Vec<i64> = tagged(batches).into_iter().map(|(_, v)| v).collect();
+        v.sort();
+        v
+    }
+
+    /// The recorded (input, value) pairs, sorted.
+    fn tagged(batches: &[(usize, RecordBatch)]) -> Vec<(usize, i64)> {
+        let mut v: Vec<(usize, i64)> = batches
             .iter()
-            .map(|b| {
+            .map(|(input, b)| {
+                (*input,
                 b.column(0)
                     .as_any()
                     .downcast_ref::<Int64Array>()
                     .unwrap()
-                    .value(0)
+                    .value(0))
             })
             .collect();
         v.sort();
@@ -672,7 +692,7 @@ mod tests {
         let (tx0, rx0) = mpsc::channel(16);
         let (tx1, rx1) = mpsc::channel(16);
         let (notice, notices) = mpsc::unbounded_channel();
-        let gate = InputGate::new("t".into(), vec![rx0, rx1], Alignment::Aligned)
+        let gate = InputGate::new("t".into(), vec![(0, rx0), (1, rx1)], Alignment::Aligned)
             .unaligned(Unaligning { after, notices });
         (gate, [tx0, tx1], notice)
     }
@@ -687,7 +707,7 @@ mod tests {
         }
     }
 
-    async fn unaligned(gate: &mut InputGate) -> (u64, oneshot::Receiver<Vec<RecordBatch>>) {
+    async fn unaligned(gate: &mut InputGate) -> (u64, oneshot::Receiver<InFlight>) {
         match gate.next().await.unwrap() {
             GateEvent::UnalignedBarrier(b, rx) => (b.checkpoint_id, rx),
             other => panic!("expected an unaligned barrier, got {}", value(&other)),
@@ -726,9 +746,9 @@ mod tests {
             seen.push(value(&gate.next().await.unwrap()));
         }
         assert_eq!(
-            values(&in_flight.await.unwrap()),
-            vec![1, 2, 3, 4],
-            "in flight: what came before each input's barrier"
+            tagged(&in_flight.await.unwrap()),
+            vec![(0, 1), (0, 2), (1, 3), (1, 4)],
+            "in flight: what came before each input's barrier, tagged with its input"
         );
         let mut before = seen[..4].to_vec();
         before.sort();
@@ -740,6 +760,34 @@ mod tests {
             vec![100, 200],
             "records after the barriers come after the recorded ones: {seen:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn records_in_flight_are_tagged_with_the_stage_input_of_their_channel_not_the_channel() {
+        // Input 0 comes from two upstream subtasks (two channels), input 1 from one.
+        let (a0, ra0) = mpsc::channel(16);
+        let (a1, ra1) = mpsc::channel(16);
+        let (b0, rb0) = mpsc::channel(16);
+        let (notice_tx, notices) = mpsc::unbounded_channel();
+        let mut gate = InputGate::new("t".into(), vec![(0, ra0), (0, ra1), (1, rb0)], Alignment::Aligned)
+            .unaligned(Unaligning { after: Duration::ZERO, notices });
+        a0.send(batch(1)).await.unwrap();
+        a1.send(batch(2)).await.unwrap();
+        b0.send(batch(3)).await.unwrap();
+        notice_tx.send(notice(1)).unwrap();
+        let (_, in_flight) = unaligned(&mut gate).await;
+        for tx in [&a0, &a1, &b0] {
+            tx.send(barrier(1)).await.unwrap();
+        }
+        let mut handed_out = Vec::new();
+        for _ in 0..3 {
+            match gate.next().await.unwrap() {
+                GateEvent::Batch(input, b) => handed_out.push((input, b)),
+                other => panic!("expected records, got {}", value(&other)),
+            }
+        }
+        assert_eq!(tagged(&in_flight.await.unwrap()), vec![(0, 1), (0, 2), (1, 3)]);
+        assert_eq!(tagged(&handed_out), vec![(0, 1), (0, 2), (1, 3)], "handed out with their input too");
     }
 
     #[tokio::test]
@@ -849,14 +897,14 @@ mod tests {
             .into_iter()
             .map(|m| {
                 if let Message::Batch(b) = m {
-                    b
+                    (0, b)
                 } else {
                     unreachable!()
                 }
             })
             .collect();
         let mut gate =
-            InputGate::new("t".into(), vec![rx0], Alignment::Aligned).with_restored(restored);
+            InputGate::new("t".into(), vec![(0, rx0)], Alignment::Aligned).with_restored(restored);
         let seen: Vec<i64> = [
             gate.next().await.unwrap(),
             gate.next().await.unwrap(),
@@ -871,7 +919,7 @@ mod tests {
     #[tokio::test]
     async fn a_vanished_upstream_is_an_error() {
         let (tx0, rx0) = mpsc::channel(16);
-        let mut gate = InputGate::new("t".into(), vec![rx0], Alignment::Aligned);
+        let mut gate = InputGate::new("t".into(), vec![(0, rx0)], Alignment::Aligned);
         drop(tx0);
         assert!(gate.next().await.is_err());
     }

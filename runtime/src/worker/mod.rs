@@ -410,6 +410,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                 stage: stage_index,
                 index: j,
                 input,
+                input_edges: stage.inputs.iter().map(|i| i.edge_id.clone()).collect(),
                 operators,
                 output,
                 to_coordinator: to_coord.clone(),

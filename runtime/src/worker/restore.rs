@@ -13,7 +13,9 @@ use arrow::ipc::writer::FileWriter;
 use crate::checkpoint::{CheckpointMetadata, CheckpointStorage, Location};
 use crate::error::{Error, Result};
 use crate::key_group::groups_of_subtask;
-use crate::plan::JobPlan;
+use super::gate::InFlight;
+use crate::exchange::partition::Partitioner;
+use crate::plan::{EdgeKind, JobPlan, StageInput, IN_FLIGHT_EDGE};
 use crate::sink::SinkState;
 use crate::source::SourcePositions;
 
@@ -149,66 +151,83 @@ impl RestoredState {
 
 impl RestoredState {
     /// The records that were in flight towards subtask `subtask` of stage
-    /// `stage` when an unaligned checkpoint was taken, for the current
-    /// parallelism: every old subtask's whose key groups overlap, keeping the
-    /// rows whose key group is now this subtask's.
-    pub async fn in_flight_batches(
-        &self,
-        plan: &JobPlan,
-        stage: usize,
-        subtask: u32,
-    ) -> Result<Vec<RecordBatch>> {
-        let id = crate::plan::channel_state_id(stage);
-        let batches = self
-            .keyed_batches(&id, subtask, plan.spec.parallelism)
-            .await?;
-        if batches.is_empty() {
+    /// `stage` when an unaligned checkpoint was taken, each with the stage
+    /// input it was on, for the current parallelism. Each input is
+    /// re-partitioned by its edge: keyed records go to the subtask that now
+    /// owns their key group; unkeyed records on a forward edge go from old
+    /// subtask s to s mod the parallelism (any subtask may process them);
+    /// a broadcast's copies only restore at the parallelism they were
+    /// taken at, since each subtask had processed a prefix of its own.
+    pub async fn in_flight_batches(&self, plan: &JobPlan, stage: usize, subtask: u32) -> Result<InFlight> {
+        let Some(stage_plan) = plan.stages.get(stage) else {
             return Ok(Vec::new());
-        }
-        // Records in flight are re-partitioned by the key of the stage's one
-        // hash input; a stage of this plan that reads otherwise (a source,
-        // a forward or broadcast edge, several inputs) cannot take them, and
-        // dropping them would lose records.
-        let (Some(keys), Some(stage_plan)) =
-            (plan.input_key_indices(stage), plan.stages.get(stage))
-        else {
-            return Err(Error::BadCheckpoint {
-                location: self.location.display.clone(),
-                message: format!(
-                    "it holds records in flight towards stage {stage} (`{id}`), but stage {stage} of this pipeline does not read one hash-partitioned input: restore it into the pipeline it was taken with, or from a savepoint (savepoints hold no records in flight)"
-                ),
-            });
         };
-        let partitioner = crate::exchange::partition::Partitioner::new(
-            keys.to_vec(),
-            plan.spec.parallelism,
-            plan.spec.max_parallelism,
-        );
         let mut out = Vec::new();
-        for (batch, _) in batches {
-            let expected = &stage_plan.input_schema;
-            let fits = batch.schema().fields().len() == expected.fields().len()
-                && batch
-                    .schema()
-                    .fields()
-                    .iter()
-                    .zip(expected.fields().iter())
-                    .all(|(a, b)| a.data_type() == b.data_type());
-            if !fits {
-                return Err(Error::BadCheckpoint {
-                    location: self.location.display.clone(),
-                    message: format!(
-                        "it holds records in flight towards stage {stage} (`{id}`) of another shape than the pipeline's stage {stage} now takes: restore it into the pipeline it was taken with, or from a savepoint (savepoints hold no records in flight)"
-                    ),
-                });
+        for (k, input) in stage_plan.inputs.iter().enumerate() {
+            let id = crate::plan::channel_state_id(stage, k);
+            let batches = self.in_flight_of_input(&id, (stage, input), plan, subtask).await?;
+            out.extend(batches.into_iter().map(|b| (k, b)));
+        }
+        Ok(out)
+    }
+
+    async fn in_flight_of_input(&self, id: &str, (stage, input): (usize, &StageInput), plan: &JobPlan, subtask: u32) -> Result<Vec<RecordBatch>> {
+        let (p, max_p) = (plan.spec.parallelism, plan.spec.max_parallelism);
+        let bad = |message: String| Error::BadCheckpoint { location: self.location.display.clone(), message };
+        let batches: Vec<RecordBatch> = match (&input.keys, &input.edge) {
+            (Some(_), _) => self.keyed_batches(id, subtask, p).await?.into_iter().map(|(b, _)| b).collect(),
+            (None, EdgeKind::Broadcast) if self.meta.parallelism != p && self.meta.operators.contains_key(id) => {
+                return Err(bad(format!(
+                    "it holds records in flight on a broadcast edge (`{id}`), which restore only at the parallelism they were taken at ({}), not at {p}: restore at parallelism {} or from a savepoint (savepoints hold no records in flight)",
+                    self.meta.parallelism, self.meta.parallelism
+                )));
             }
-            out.extend(
-                partitioner
-                    .split(&batch)?
-                    .into_iter()
-                    .filter(|(t, _)| *t == subtask as usize)
-                    .map(|(_, b)| b),
-            );
+            (None, _) => self.state_batches_of_old_subtasks(id, |old| old % p == subtask).await?,
+        };
+        let mut out = Vec::new();
+        for batch in batches {
+            // Checkpoints taken before edges had names come from chains,
+            // whose every stage reads one hash input: those restore into
+            // such an input only.
+            let edge = batch.schema().metadata().get(IN_FLIGHT_EDGE).cloned();
+            let fits_edge = match &edge {
+                Some(edge) => *edge == input.edge_id,
+                None => matches!(input.edge, EdgeKind::Hash { .. }) && plan.stages.get(stage).is_some_and(|s| s.inputs.len() == 1),
+            };
+            if !fits_edge {
+                let was = edge.map_or_else(|| "an edge of a chain".to_string(), |e| format!("the edge `{e}`"));
+                return Err(bad(format!(
+                    "it holds records in flight towards stage {stage} (`{id}`) on {was}, but that input of stage {stage} of this pipeline is the edge `{}`: restore it into the pipeline it was taken with, or from a savepoint (savepoints hold no records in flight)",
+                    input.edge_id
+                )));
+            }
+            let expected = &input.schema;
+            let fits = batch.schema().fields().len() == expected.fields().len()
+                && batch.schema().fields().iter().zip(expected.fields().iter()).all(|(a, b)| a.data_type() == b.data_type());
+            if !fits {
+                return Err(bad(format!(
+                    "it holds records in flight (`{id}`) of another shape than the pipeline's stage now takes on that input: restore it into the pipeline it was taken with, or from a savepoint (savepoints hold no records in flight)"
+                )));
+            }
+            match &input.keys {
+                Some(keys) => {
+                    let partitioner = Partitioner::new(keys.clone(), p, max_p);
+                    out.extend(partitioner.split(&batch)?.into_iter().filter(|(t, _)| *t == subtask as usize).map(|(_, b)| b));
+                }
+                None => out.push(batch),
+            }
+        }
+        Ok(out)
+    }
+
+    /// The batches of state `op` written by the old subtasks `mine` picks.
+    async fn state_batches_of_old_subtasks(&self, op: &str, mine: impl Fn(u32) -> bool) -> Result<Vec<RecordBatch>> {
+        let mut out = Vec::new();
+        for s in self.meta.operators.get(op).into_iter().flatten().filter(|s| mine(s.subtask)) {
+            if let Some(file) = &s.file {
+                let bytes = self.location.read_state_file(file).await?;
+                out.extend(decode_state(&format!("{}/{}", self.location.display, file.name), bytes.to_vec())?);
+            }
         }
         Ok(out)
     }

@@ -148,7 +148,8 @@ pub(super) struct SnapshotWrite {
     pub changes: Vec<Changes>,
     pub chains: Option<Chains>,
     /// Unaligned: the records in flight, once every input gave its barrier.
-    pub in_flight: Option<oneshot::Receiver<Vec<RecordBatch>>>,
+    /// With the edge id of each input, to label them.
+    pub in_flight: Option<(oneshot::Receiver<super::gate::InFlight>, Vec<String>)>,
     pub to_coordinator: mpsc::UnboundedSender<ToCoordinator>,
 }
 
@@ -175,11 +176,24 @@ impl SnapshotWrite {
         let (id, index) = (self.checkpoint_id, self.subtask);
         let mut operators = self.inline;
         let mut keyed = self.keyed;
-        if let Some(rx) = self.in_flight {
+        if let Some((rx, edges)) = self.in_flight {
             let batches = rx.await.map_err(|_| Error::Job("the records in flight were not recorded".into()))?;
-            if let Some(first) = batches.first() {
-                let all = arrow::compute::concat_batches(&first.schema(), &batches).map_err(Error::arrow("records in flight"))?;
-                keyed.push((crate::plan::channel_state_id(self.stage), StateCopy::ready(all)));
+            // One state per stage input: inputs have schemas and edges of
+            // their own, and a restore re-partitions each by its edge.
+            let mut per_input: std::collections::BTreeMap<usize, Vec<RecordBatch>> = Default::default();
+            for (input, batch) in batches {
+                per_input.entry(input).or_default().push(batch);
+            }
+            for (input, batches) in per_input {
+                // Labelled with their edge, so that a restore into a
+                // pipeline whose stage `stage` reads something else refuses
+                // them rather than feeding them into the wrong place.
+                let first = batches[0].schema();
+                let edge = edges.get(input).cloned().unwrap_or_default();
+                let metadata = [(crate::plan::IN_FLIGHT_EDGE.to_string(), edge)].into();
+                let schema = std::sync::Arc::new(arrow::datatypes::Schema::new_with_metadata(first.fields().clone(), metadata));
+                let all = arrow::compute::concat_batches(&schema, &batches).map_err(Error::arrow("records in flight"))?;
+                keyed.push((crate::plan::channel_state_id(self.stage, input), StateCopy::ready(all)));
             }
         }
         if let Some(Chains { book, dir }) = self.chains {

@@ -21,7 +21,7 @@ use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::SchemaRef;
 use tokio::sync::{broadcast, mpsc};
 
-use super::gate::{GateEvent, InputGate};
+use super::gate::{GateEvent, InFlight, InputGate};
 use super::protocol::ToCoordinator;
 use super::read_marks::ReadMarks;
 pub use super::snapshot::Incremental;
@@ -221,6 +221,9 @@ pub struct Subtask {
     pub stage: usize,
     pub index: u32,
     pub input: Input,
+    /// The edge id of each input (none for a source): an unaligned
+    /// snapshot's records in flight are labelled with it.
+    pub input_edges: Vec<String>,
     pub operators: Vec<Operator>,
     pub output: Output,
     pub to_coordinator: mpsc::UnboundedSender<ToCoordinator>,
@@ -261,7 +264,7 @@ enum Event {
     /// Every input is idle.
     InputIdle,
     /// Snapshot now; the records in flight come on the receiver.
-    UnalignedBarrier(Barrier, tokio::sync::oneshot::Receiver<Vec<RecordBatch>>),
+    UnalignedBarrier(Barrier, tokio::sync::oneshot::Receiver<InFlight>),
 }
 
 impl Subtask {
@@ -433,7 +436,9 @@ impl Subtask {
             }
             match input {
                 Input::Gate(g, schema) => Ok(match g.next().await? {
-                    GateEvent::Batch(b) => match schema {
+                    // Every operator so far reads all of a stage's inputs
+                    // alike (a union's share one schema); joins will not.
+                    GateEvent::Batch(_input, b) => match schema {
                         Some(schema) => Event::Batch(
                             RecordBatch::try_new(schema.clone(), b.columns().to_vec())
                                 .map_err(|e| Error::Job(format!("a union's input does not fit its schema: {e}")))?,
@@ -574,7 +579,7 @@ impl Subtask {
     async fn on_barrier(
         &mut self,
         barrier: Barrier,
-        in_flight: Option<tokio::sync::oneshot::Receiver<Vec<RecordBatch>>>,
+        in_flight: Option<tokio::sync::oneshot::Receiver<InFlight>>,
     ) -> Result<()> {
         let mut inline: Vec<(String, OperatorSubtaskState)> = Vec::new();
         if let Input::Source { reader, state_id, .. } = &self.input {
@@ -649,7 +654,7 @@ impl Subtask {
                 keyed,
                 changes,
                 chains,
-                in_flight,
+                in_flight: in_flight.map(|rx| (rx, self.input_edges.clone())),
                 to_coordinator: self.to_coordinator.clone(),
             }
             .run(),

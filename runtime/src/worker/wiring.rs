@@ -39,8 +39,8 @@ pub(super) type Routes = HashMap<ChannelKey, mpsc::Sender<Message>>;
 /// The receiving ends of every hosted subtask's inputs, and the sending
 /// ends, split by whether the upstream subtask is on this worker.
 pub(super) struct Inputs {
-    /// (stage, subtask) → its channels, input 0's first.
-    pub gates: HashMap<(usize, u32), Vec<mpsc::Receiver<Message>>>,
+    /// (stage, subtask) → its channels, each with its stage input, input 0's first.
+    pub gates: HashMap<(usize, u32), Vec<(usize, mpsc::Receiver<Message>)>>,
     pub local: Routes,
     pub remote: Routes,
 }
@@ -67,7 +67,7 @@ pub(super) fn inputs(plan: &JobPlan, cluster: &Cluster, worker: u32, hosted: &[u
             for (k, input) in stage.inputs.iter().enumerate() {
                 for i in upstream_of(&input.edge, j, p) {
                     let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
-                    rxs.push(rx);
+                    rxs.push((k, rx));
                     let routes = if cluster.worker_of(i) == worker {
                         &mut inputs.local
                     } else {

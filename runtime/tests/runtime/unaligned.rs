@@ -2,7 +2,9 @@
 //! whole-tree kills with restores (also at another parallelism) give the
 //! committed output of a failure-free run, with and without backpressure
 //! (`WEIR_SLOW_SINK` slows the sink's stage down), and under backpressure
-//! the checkpoints really hold records that were in flight.
+//! the checkpoints really hold records that were in flight. A union keeps
+//! the records in flight towards each of its inputs apart, and restores
+//! them, re-partitioned by each input's edge, at another parallelism.
 
 use std::time::{Duration, Instant};
 
@@ -21,8 +23,14 @@ fn counting(parallelism: u32, events: u64, rate: u64, checkpoint: &str, slow: Op
     job
 }
 
+/// Whether checkpoint directory `dir` holds a state file of each of `states` (file name prefixes).
+fn holds_states(dir: &std::path::Path, states: &[&str]) -> bool {
+    let names: Vec<String> = std::fs::read_dir(dir).map(|files| files.flatten().map(|f| f.file_name().to_string_lossy().into_owned()).collect()).unwrap_or_default();
+    states.iter().all(|s| names.iter().any(|n| n.starts_with(s)))
+}
+
 fn holds_records_in_flight(dir: &std::path::Path) -> bool {
-    std::fs::read_dir(dir).is_ok_and(|files| files.flatten().any(|f| f.file_name().to_string_lossy().starts_with("in-flight-")))
+    holds_states(dir, &["in-flight-"])
 }
 
 /// How many retained checkpoints hold records that were in flight.
@@ -31,8 +39,8 @@ fn checkpoints_with_records_in_flight(job: &Job) -> usize {
     dirs.flatten().filter(|d| holds_records_in_flight(&d.path())).count()
 }
 
-fn latest_holds_records_in_flight(job: &Job) -> bool {
-    job.latest().is_some_and(|latest| holds_records_in_flight(std::path::Path::new(latest.trim_start_matches("file://"))))
+fn latest_holds(job: &Job, states: &[&str]) -> bool {
+    job.latest().is_some_and(|latest| holds_states(std::path::Path::new(latest.trim_start_matches("file://")), states))
 }
 
 /// Waits until a checkpoint of the running job holds records in flight (asserted).
@@ -72,22 +80,27 @@ fn aligned_checkpoints_with_an_alignment_timeout_turn_unaligned_under_backpressu
 /// records in flight at the kill, with `--restore latest` at `parallelism`)
 /// and kills the whole run once its latest checkpoint holds some.
 fn kill_once_the_latest_checkpoint_holds_records_in_flight(job: &Job, first: &[&str], parallelism: &str) {
+    kill_once_the_latest_checkpoint_holds(job, first, parallelism, &["in-flight-"]);
+}
+
+/// As above, once the latest checkpoint holds a file of each of `states`.
+fn kill_once_the_latest_checkpoint_holds(job: &Job, first: &[&str], parallelism: &str, states: &[&str]) {
     let again = ["--restore", "latest", "--parallelism", parallelism];
     for attempt in 0..5 {
         let child = job.spawn(if attempt == 0 { first } else { &again });
         let until = Instant::now() + Duration::from_secs(20);
         let before = job.latest();
-        while (job.latest() == before || !latest_holds_records_in_flight(job)) && Instant::now() < until {
+        while (job.latest() == before || !latest_holds(job, states)) && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(20));
         }
         kill_group(child.id());
         let out = child.wait_with_output().unwrap();
         assert!(!out.status.success(), "the job ended before it was killed:\n{}", stderr(&out));
-        if latest_holds_records_in_flight(job) {
+        if latest_holds(job, states) {
             return;
         }
     }
-    panic!("the latest checkpoint never held records in flight at a kill");
+    panic!("the latest checkpoint never held {states:?} at a kill");
 }
 
 #[test]
@@ -121,7 +134,10 @@ fn records_in_flight_are_refused_by_a_graph_whose_stage_reads_them_otherwise_and
     let out = wait_with_timeout(job.spawn(&["--restore", "latest"]), Duration::from_secs(60));
     let err = stderr(&out);
     assert!(!out.status.success(), "the graph restored records in flight it cannot take:\n{err}");
-    assert!(err.contains("holds records in flight towards stage 1 (`in-flight-1`), but stage 1 of this pipeline does not read one hash-partitioned input"), "{err}");
+    assert!(
+        err.contains("holds records in flight towards stage 1 (`in-flight-1`) on the edge `key_by-0`, but that input of stage 1 of this pipeline is the edge `source to "),
+        "{err}"
+    );
     // Refused, not lost: the pipeline it was taken with restores it exactly once.
     let chain = "name: eo-test\nparallelism: 2\ncheckpoint:\n  interval: 150ms\n  mode: unaligned\nsource:\n  generator:\n    events: 150000\n    keys: 97\n    rate: 0\n    batch_size: 256\nsteps:\n  - key_by: key\n  - running_count: count\nsink:\n  file:\n    path: out/eo\n    format: jsonl\n    guarantee: exactly-once\n";
     job.write_pipeline(chain);
@@ -142,4 +158,66 @@ fn unaligned_settings_that_cannot_work_are_refused_naming_the_field() {
     job.write_pipeline("name: eo-test\ncheckpoint:\n  mode: unaligned\n  alignment_timeout: 1s\nsource:\n  generator: {events: 10}\nsink:\n  blackhole: {}\n");
     let err = assert_refused(&job.run(&[]));
     assert!(err.contains("checkpoint.alignment_timeout"), "{err}");
+}
+
+/// Two generators of the same events, the first keeping the even keys and
+/// the second the odd ones, merged by a union and counted per key: every
+/// seq once, as the counting oracle wants. `keyed` puts a key_by on each
+/// input before the union (its stage then reads two hash inputs and counts
+/// there); otherwise the union reads its two sources' stages forward and
+/// the count follows a key_by after it. Stage 2 is the union's in both,
+/// slowed down by `slow` per batch.
+fn union_of_two_sources(parallelism: u32, events: u64, checkpoint: &str, keyed: bool, slow: &str) -> Job {
+    let generator = format!("generator: {{events: {events}, keys: 98, rate: 0, batch_size: 256}}");
+    let (inputs, keys) = if keyed {
+        ("  - {name: ka, input: evens, key_by: key}\n  - {name: kb, input: odds, key_by: key}\n  - {name: both, input: [ka, kb], union: {}}\n", "")
+    } else {
+        ("  - {name: both, input: [evens, odds], union: {}}\n", "  - {name: keyed, input: both, key_by: key}\n")
+    };
+    let counted = if keyed { "both" } else { "keyed" };
+    let yaml = format!(
+        "name: eo-test\nparallelism: {parallelism}\ncheckpoint:\n  interval: 150ms\n{checkpoint}\
+         sources:\n  a: {{{generator}}}\n  b: {{{generator}}}\n\
+         steps:\n  - {{name: evens, input: a, filter: \"key % 2 = 0\"}}\n  - {{name: odds, input: b, filter: \"key % 2 = 1\"}}\n\
+         {inputs}{keys}  - {{name: counts, input: {counted}, running_count: count}}\n\
+         sinks:\n  out:\n    input: counts\n    file: {{path: out/eo, format: jsonl, guarantee: exactly-once}}\n"
+    );
+    let mut job = Job::with_pipeline(&yaml, events, 98);
+    job.env.push(("WEIR_SLOW_STAGE".into(), format!("2:{slow}")));
+    job
+}
+
+/// The records in flight towards each of the union's two inputs.
+const BOTH_INPUTS_IN_FLIGHT: [&str; 2] = ["in-flight-2-", "in-flight-2.1-"];
+
+#[test]
+fn a_union_of_two_hash_inputs_keeps_each_inputs_records_in_flight_and_restores_them_at_3_then_2_then_4_exactly_once() {
+    let job = union_of_two_sources(3, 150_000, "  mode: unaligned\n", true, "10ms");
+    kill_once_the_latest_checkpoint_holds(&job, &[], "3", &BOTH_INPUTS_IN_FLIGHT);
+    kill_once_the_latest_checkpoint_holds(&job, &["--restore", "latest", "--parallelism", "2"], "2", &BOTH_INPUTS_IN_FLIGHT);
+    let out = wait_with_timeout(job.spawn(&["--restore", "latest", "--parallelism", "4"]), Duration::from_secs(240));
+    assert!(out.status.success(), "the last run failed:\n{}", stderr(&out));
+    job.assert_exactly_once();
+}
+
+#[test]
+fn a_union_of_two_forward_inputs_keeps_each_inputs_records_in_flight_and_restores_them_at_another_parallelism() {
+    let job = union_of_two_sources(2, 120_000, "  mode: unaligned\n", false, "10ms");
+    kill_once_the_latest_checkpoint_holds(&job, &[], "2", &BOTH_INPUTS_IN_FLIGHT);
+    let out = wait_with_timeout(job.spawn(&["--restore", "latest", "--parallelism", "3"]), Duration::from_secs(240));
+    assert!(out.status.success(), "the rescaled run failed:\n{}", stderr(&out));
+    job.assert_exactly_once();
+}
+
+#[test]
+fn a_union_under_an_alignment_timeout_turns_unaligned_under_backpressure_and_keeps_exactly_once_under_worker_kills() {
+    let job = union_of_two_sources(2, 100_000, "  alignment_timeout: 20ms\n", false, "10ms");
+    run_with_worker_kills(&job, 3, |child| {
+        let until = Instant::now() + Duration::from_secs(30);
+        while !latest_holds(&job, &BOTH_INPUTS_IN_FLIGHT) && Instant::now() < until && child.try_wait().unwrap().is_none() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(latest_holds(&job, &BOTH_INPUTS_IN_FLIGHT), "no checkpoint held records in flight on both inputs");
+    });
+    job.assert_exactly_once();
 }

@@ -87,18 +87,6 @@ impl<'a> NodeRef<'a> {
     }
 }
 
-/// A graph that is one path: one source, steps that each read the node
-/// before them and are read by the next one only, one sink. Every chain is
-/// one. Unaligned checkpoints keep the records in flight of such graphs
-/// only so far (runtime/design/graphs.md §6 step 5).
-#[derive(Debug, Clone)]
-pub struct PipelinePath<'a> {
-    pub source: &'a Node<SourceNode>,
-    /// From the source to the sink.
-    pub steps: Vec<&'a Node<StepKind>>,
-    pub sink: &'a Node<SinkSpec>,
-}
-
 /// Why a graph cannot run (yet): where (a field) and what.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NotRunnable {
@@ -119,49 +107,6 @@ impl std::fmt::Display for NotRunnable {
 }
 
 impl PipelineGraph {
-    /// The graph as one path, or the first node that makes it something
-    /// else: a second source or sink, a node read twice, a step reading
-    /// several inputs, a broadcast.
-    pub fn as_path(&self) -> Result<PipelinePath<'_>, NotRunnable> {
-        let (Some(source), Some(sink)) = (self.sources.first(), self.sinks.first()) else {
-            return Err(NotRunnable { field: "sources".into(), message: "expected a source and a sink".into() });
-        };
-        if let Some(second) = self.sources.get(1) {
-            return Err(NotRunnable::at(NodeRef::Source(second), format!("`{}` is a second source", second.name)));
-        }
-        if let Some(second) = self.sinks.get(1) {
-            return Err(NotRunnable::at(NodeRef::Sink(second), format!("`{}` is a second sink", second.name)));
-        }
-        let mut steps = Vec::with_capacity(self.steps.len());
-        let mut previous = NodeRef::Source(source);
-        // Each round moves one node on; a cycle (in an unchecked pipeline)
-        // ends the walk rather than running it forever.
-        for _ in 0..=self.steps.len() {
-            let readers = self.consumers(previous.name());
-            match readers.as_slice() {
-                [] => break,
-                [_, second, ..] => {
-                    let message = format!("`{}` and `{}` both read `{}`", readers[0].name(), second.name(), previous.name());
-                    return Err(NotRunnable::at(*second, message));
-                }
-                [NodeRef::Sink(_)] => return Ok(PipelinePath { source, steps, sink }),
-                [NodeRef::Step(step)] if step.inputs.len() > 1 => {
-                    let message = format!("`{}` reads several inputs", step.name);
-                    return Err(NotRunnable::at(NodeRef::Step(step), message));
-                }
-                [NodeRef::Step(step)] if matches!(step.spec, StepKind::Broadcast) => {
-                    return Err(NotRunnable::at(NodeRef::Step(step), format!("`{}` broadcasts", step.name)));
-                }
-                [NodeRef::Step(step)] => {
-                    steps.push(*step);
-                    previous = NodeRef::Step(step);
-                }
-                [NodeRef::Source(_)] => break,
-            }
-        }
-        Err(NotRunnable::at(NodeRef::Sink(sink), format!("`{}` is not reached from `{}` through one path", sink.name, source.name)))
-    }
-
     /// The one sink of a graph the runtime runs, or what it does not run
     /// yet (runtime/design/graphs.md §6): several sinks, joins.
     pub fn runnable_sink(&self) -> Result<&Node<SinkSpec>, NotRunnable> {
@@ -233,22 +178,11 @@ impl PipelineGraph {
 
 impl PipelineSpec {
     /// What the runtime runs of a checked pipeline: its graph with one sink
-    /// and no joins, and unaligned checkpoints (which keep the records in
-    /// flight) only for a graph that is one path, so far. The controller
-    /// refuses the rest once, rather than every worker of every run.
+    /// and no joins, so far. The controller refuses the rest once, rather
+    /// than every worker of every run.
     pub fn runnable_graph(&self) -> Result<PipelineGraph, NotRunnable> {
         let graph = self.graph();
         graph.runnable_sink()?;
-        if self.checkpoint.unaligned_after().is_some() && self.guarantee() == super::Guarantee::ExactlyOnce {
-            if let Err(e) = graph.as_path() {
-                let field = if self.checkpoint.mode == super::CheckpointMode::Unaligned { "checkpoint.mode" } else { "checkpoint.alignment_timeout" };
-                let message = format!(
-                    "unaligned checkpoints are supported for a pipeline that is one path from its source to its sink so far, and at {}, {}: use aligned checkpoints without an alignment timeout",
-                    e.field, e.message
-                );
-                return Err(NotRunnable { field: field.into(), message });
-            }
-        }
         Ok(graph)
     }
 
