@@ -8,7 +8,9 @@
 //! Points: `mid-alignment` (a barrier has arrived on some inputs only),
 //! `after-ack` (a subtask acknowledged, the checkpoint is not complete),
 //! `after-complete` (the coordinator wrote the metadata and pointer, no sink
-//! has committed), `before-commit` (a sink got the completion, did not rename).
+//! has committed), `before-commit` (a sink got the completion, did not rename),
+//! `after-sink-commit` (a sink subtask committed; with several sinks, the
+//! others may not have).
 //! The exactly-once Kafka sink adds `after-marker` (the progress marker is
 //! flushed in the open transaction, the log entry not complete) and
 //! `before-sink-commit` (the checkpoint completed, its transaction is not

@@ -44,9 +44,9 @@ impl std::fmt::Display for Refusal {
     }
 }
 
-/// Checks `job` (whose pipeline is valid, `sink` its sink) against the
+/// Checks `job` (whose pipeline is valid, `sinks` its sinks) against the
 /// operator's `settings`.
-pub fn check(job: &StreamJob, sink: &SinkSpec, settings: &WorkerSettings) -> Result<(), Refusal> {
+pub fn check(job: &StreamJob, sinks: &[&SinkSpec], settings: &WorkerSettings) -> Result<(), Refusal> {
     weir_api::streamjob::check_job_name(&job.name_any()).map_err(Refusal::invalid)?;
     if worker_image(job, settings).is_none() {
         return Err(Refusal {
@@ -79,14 +79,16 @@ pub fn check(job: &StreamJob, sink: &SinkSpec, settings: &WorkerSettings) -> Res
         shared(&pod, &dir, &what, "checkpoints")?;
     }
     // Output in S3 needs no volume: pending uploads live in the bucket.
-    match sink {
-        SinkSpec::File(f @ FileSinkSpec { path, .. }) if !f.is_s3() => {
-            let work = names::work_dir(&job.namespace().unwrap_or_else(|| "default".into()), &job.name_any());
-            let dir = normalize(&Path::new(&work).join(path));
-            let what = format!("the file sink's directory {path:?} ({})", dir.display());
-            shared(&pod, &dir, &what, "pending output files")?;
+    for sink in sinks {
+        match sink {
+            SinkSpec::File(f @ FileSinkSpec { path, .. }) if !f.is_s3() => {
+                let work = names::work_dir(&job.namespace().unwrap_or_else(|| "default".into()), &job.name_any());
+                let dir = normalize(&Path::new(&work).join(path));
+                let what = format!("the file sink's directory {path:?} ({})", dir.display());
+                shared(&pod, &dir, &what, "pending output files")?;
+            }
+            _ => {}
         }
-        _ => {}
     }
     Ok(())
 }

@@ -244,12 +244,12 @@ pub fn decide(job: &StreamJob, obs: &Observed, settings: &WorkerSettings) -> Dec
 /// pods need ([`desired::check`]: a worker image, shared storage).
 pub fn validate(job: &StreamJob, settings: &WorkerSettings) -> Result<(weir_api::Guarantee, String), Refusal> {
     let pipeline = job.spec.validate().map_err(|e| Refusal::invalid(e.to_string()))?;
-    // What the runtime does not run yet (several sinks, joins; see
-    // runtime/design/graphs.md §6) is refused here, once, rather than by
-    // every worker of every run the job would start.
+    // What the runtime does not run yet (joins; see runtime/design/graphs.md
+    // §6) is refused here, once, rather than by every worker of every run
+    // the job would start.
     let graph = pipeline.runnable_graph().map_err(|e| Refusal::invalid(format!("{}: {e}", weir_api::streamjob::PIPELINE_ERROR_NAME)))?;
-    let sink = graph.runnable_sink().map_err(|e| Refusal::invalid(format!("{}: {e}", weir_api::streamjob::PIPELINE_ERROR_NAME)))?;
-    desired::check(job, &sink.spec, settings)?;
+    let sinks: Vec<&weir_api::SinkSpec> = graph.sinks.iter().map(|s| &s.spec).collect();
+    desired::check(job, &sinks, settings)?;
     Ok(pipeline.guarantee_and_reason())
 }
 

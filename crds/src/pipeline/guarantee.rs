@@ -3,8 +3,11 @@
 //! at-most-once) and its sinks (each sink's contract).
 //!
 //! A chain's reason reads as it always has. A graph's names the source or
-//! sink that weakens it; the per-sink report of graphs.md §5.2 comes with
-//! several sinks at run time.
+//! sink that weakens it. With several sinks each gets its own guarantee
+//! (the weakest of the setting, the sources upstream of it and its own
+//! contract); the job promises the weakest of them, but runs at the
+//! strongest, so that a side sink with a weaker contract (stdout) does
+//! not weaken the others (runtime/design/graphs.md §5.2).
 
 use super::{Guarantee, PipelineSpec};
 
@@ -64,5 +67,41 @@ impl PipelineSpec {
             (_, None) => format!("the job is {effective}"),
         };
         (effective, reason)
+    }
+
+    /// Each sink's name and the guarantee it gets: the weakest of the
+    /// job's setting, the sources upstream of it (a source that cannot
+    /// replay makes it at-most-once) and its own contract.
+    pub fn sink_guarantees(&self) -> Vec<(String, Guarantee)> {
+        let graph = self.graph();
+        graph
+            .sinks
+            .iter()
+            .map(|sink| {
+                let mut seen: Vec<&str> = Vec::new();
+                let mut todo: Vec<&str> = sink.inputs.iter().map(String::as_str).collect();
+                let mut from_sources = Guarantee::ExactlyOnce;
+                while let Some(name) = todo.pop() {
+                    if seen.contains(&name) {
+                        continue;
+                    }
+                    seen.push(name);
+                    match graph.node(name) {
+                        Some(super::NodeRef::Source(s)) if !s.spec.spec.replayable() => from_sources = Guarantee::AtMostOnce,
+                        Some(node) => todo.extend(node.inputs().iter().map(String::as_str)),
+                        None => {}
+                    }
+                }
+                (sink.name.clone(), self.guarantee.min(from_sources).min(sink.spec.guarantee()))
+            })
+            .collect()
+    }
+
+    /// The guarantee the job runs at: the strongest any sink gets.
+    /// Checkpoints are aligned when some sink is exactly-once, and the job
+    /// runs without checkpoints (at-most-once) only when every sink is
+    /// at-most-once. For one sink it is [`PipelineSpec::guarantee`].
+    pub fn runtime_guarantee(&self) -> Guarantee {
+        self.sink_guarantees().into_iter().map(|(_, g)| g).max().unwrap_or_else(|| self.guarantee())
     }
 }

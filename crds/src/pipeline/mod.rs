@@ -356,7 +356,7 @@ impl PipelineSpec {
             ));
         }
         graph::check_form(self, src)?;
-        if self.checkpoint.unaligned_after().is_some() && self.guarantee() != Guarantee::ExactlyOnce
+        if self.checkpoint.unaligned_after().is_some() && self.runtime_guarantee() != Guarantee::ExactlyOnce
         {
             let field = if self.checkpoint.mode == CheckpointMode::Unaligned {
                 "checkpoint.mode"
@@ -367,7 +367,7 @@ impl PipelineSpec {
                 field,
                 format!(
                     "unaligned checkpoints are a way to keep exactly-once cheap under backpressure, but this job is {} ({}); remove the setting",
-                    self.guarantee(),
+                    self.runtime_guarantee(),
                     self.guarantee_and_reason().1
                 ),
             ));

@@ -190,7 +190,7 @@ impl StreamJobSpec {
                 ));
             }
         }
-        if pipeline.guarantee() == crate::Guarantee::AtMostOnce && self.upgrade_mode != super::UpgradeMode::Stateless {
+        if pipeline.runtime_guarantee() == crate::Guarantee::AtMostOnce && self.upgrade_mode != super::UpgradeMode::Stateless {
             let (_, why) = pipeline.guarantee_and_reason();
             // Savepoint and last-state upgrades restore a snapshot, and an
             // at-most-once job takes none: refused here, not by a failing upgrade.

@@ -82,7 +82,7 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
 
     // An at-most-once job restores no snapshot: with `--restore latest` its
     // workers resume where the sources last read (`worker/read_marks.rs`).
-    let at_most_once = spec.guarantee() == weir_api::Guarantee::AtMostOnce;
+    let at_most_once = spec.runtime_guarantee() == weir_api::Guarantee::AtMostOnce;
     let mut resume = at_most_once && opts.restore == Some(RestoreFrom::Latest);
     // Whether this run goes on with the job's history rather than start it
     // afresh: `--restore latest`, and every restart.

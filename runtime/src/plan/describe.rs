@@ -15,7 +15,6 @@ impl JobPlan {
     /// The plan as text, stable for a given pipeline.
     pub fn describe(&self) -> String {
         let mut out = String::new();
-        let sink = self.sink.spec.kind();
         let stages = self.stages.len();
         let _ = writeln!(
             out,
@@ -43,8 +42,12 @@ impl JobPlan {
                         };
                     }
                 }
-                StageOutput::Sink => {
-                    let _ = writeln!(out, "  writes sink {} {}", sink, fields(&stage.output_schema));
+                // A chain's one sink is `sink`, and its line is as it always was.
+                StageOutput::Sink(sink) if sink.name == "sink" => {
+                    let _ = writeln!(out, "  writes sink {} {}", sink.spec.kind(), fields(&stage.output_schema));
+                }
+                StageOutput::Sink(sink) => {
+                    let _ = writeln!(out, "  writes sink `{}` ({}) {}", sink.name, sink.spec.kind(), fields(&stage.output_schema));
                 }
             }
         }

@@ -27,7 +27,6 @@ mod steps;
 
 pub struct JobPlan {
     pub spec: PipelineSpec,
-    pub sink: SinkPlan,
     /// In the order of the graph's nodes (inputs first); a stage only reads
     /// stages before it.
     pub stages: Vec<StagePlan>,
@@ -125,7 +124,8 @@ pub struct OutEdge {
 pub enum StageOutput {
     /// Into the stages that read this one, each record once per edge.
     Edges(Vec<OutEdge>),
-    Sink,
+    /// Into a sink of the job (a job may have several, each ending a stage).
+    Sink(SinkPlan),
 }
 
 pub struct OperatorPlan {
@@ -241,6 +241,14 @@ impl JobPlan {
 }
 
 impl JobPlan {
+    /// The job's sinks, in the order of their stages.
+    pub fn sinks(&self) -> impl Iterator<Item = &SinkPlan> {
+        self.stages.iter().filter_map(|s| match &s.output {
+            StageOutput::Sink(sink) => Some(sink),
+            StageOutput::Edges(_) => None,
+        })
+    }
+
     pub fn stage_count(&self) -> usize {
         self.stages.len()
     }
@@ -253,7 +261,7 @@ impl JobPlan {
     /// Every id a snapshot of the job keeps state under.
     pub fn stateful_operator_ids(&self) -> Vec<String> {
         let mut ids: Vec<String> = self.sources().map(|(_, s)| s.state_id.clone()).collect();
-        ids.push(self.sink.state_id.clone());
+        ids.extend(self.sinks().map(|s| s.state_id.clone()));
         ids.extend(self.stages.iter().flat_map(|s| (0..s.inputs.len()).map(|k| channel_state_id(s.index, k))));
         for s in &self.stages {
             for o in &s.operators {
@@ -302,10 +310,8 @@ pub fn source_schema(spec: &SourceSpec) -> SchemaRef {
 /// it into stages.
 pub fn plan(spec: &PipelineSpec, src: &PipelineSource) -> Result<JobPlan> {
     let graph = spec.runnable_graph().map_err(|e| Error::Pipeline(src.invalid(&e.field, e.message)))?;
-    let sink = graph.runnable_sink().map_err(|e| Error::Pipeline(src.invalid(&e.field, e.message)))?;
     let stages = stages::build(&graph, src)?;
-    let sink = SinkPlan { name: sink.name.clone(), state_id: sink.state_id.clone(), spec: sink.spec.clone() };
-    Ok(JobPlan { spec: spec.clone(), sink, stages })
+    Ok(JobPlan { spec: spec.clone(), stages })
 }
 
 /// Where the source's records carry their event time, checked against the

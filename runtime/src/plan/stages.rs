@@ -25,7 +25,7 @@ use weir_api::{SinkSpec, StepKind};
 
 use super::steps::{self, StepAt, Stream};
 use super::{
-    plan_event_time, source_schema, EdgeKind, OperatorPlan, OutEdge, SourcePlan, StageInput,
+    plan_event_time, source_schema, EdgeKind, OperatorPlan, OutEdge, SinkPlan, SourcePlan, StageInput,
     StageOutput, StagePlan,
 };
 use crate::error::{Error, Result};
@@ -51,7 +51,7 @@ struct Building {
     input_schema: SchemaRef,
     operators: Vec<OperatorPlan>,
     edges: Vec<OutEdge>,
-    sink: bool,
+    sink: Option<SinkPlan>,
     output_schema: SchemaRef,
 }
 
@@ -144,7 +144,7 @@ impl<'a> Cutting<'a> {
 
     fn sink(&mut self, node: &'a Node<SinkSpec>) -> Result<()> {
         let (stage, _) = self.chained(&node.name, input(node)?)?;
-        self.stages[stage].sink = true;
+        self.stages[stage].sink = Some(SinkPlan { name: node.name.clone(), state_id: node.state_id.clone(), spec: node.spec.clone() });
         Ok(())
     }
 
@@ -310,7 +310,7 @@ impl<'a> Cutting<'a> {
             input_schema: schema.clone(),
             operators: Vec::new(),
             edges: Vec::new(),
-            sink: false,
+            sink: None,
             output_schema: schema,
         });
         index
@@ -327,10 +327,9 @@ impl<'a> Cutting<'a> {
                 inputs: b.inputs,
                 input_schema: b.input_schema,
                 operators: b.operators,
-                output: if b.sink {
-                    StageOutput::Sink
-                } else {
-                    StageOutput::Edges(b.edges)
+                output: match b.sink {
+                    Some(sink) => StageOutput::Sink(sink),
+                    None => StageOutput::Edges(b.edges),
                 },
                 output_schema: b.output_schema,
             })

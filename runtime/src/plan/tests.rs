@@ -77,7 +77,7 @@ fn a_graph_names_its_source_and_sink_state_and_its_event_time_field_under_the_so
     let text = |field: &str| format!("name: t\nsources:\n  clicks:\n    generator: {{}}\n    event_time: {{field: {field}}}\nsteps:\n  - {{name: keyed, input: clicks, key_by: key}}\n  - {{name: per_key, input: keyed, window: {{tumbling: 1s, aggregates: [{{count: c}}]}}}}\nsinks:\n  out:\n    input: per_key\n    blackhole: {{}}\n");
     let plan = plan_text(&text("value")).unwrap();
     let source = plan.stages[0].source.as_ref().unwrap();
-    assert_eq!((source.state_id.as_str(), plan.sink.state_id.as_str()), ("clicks", "out"));
+    assert_eq!((source.state_id.as_str(), plan.sinks().next().unwrap().state_id.as_str()), ("clicks", "out"));
     assert_eq!(plan.stateful_operator_ids(), ["clicks", "out", "in-flight-1", "per_key"]);
     let err = plan_text(&text("nope")).unwrap_err().to_string();
     assert!(err.starts_with("p.yaml:5: sources.clicks.event_time.field: the source has no field `nope`"), "{err}");
@@ -101,7 +101,7 @@ fn a_fan_out_gets_forward_edges_and_a_union_reads_each_input_over_its_own() {
         ]
     );
     assert!(plan.stages[3].operators.is_empty(), "the gate merges a union's inputs");
-    assert!(matches!(plan.stages[4].output, StageOutput::Sink));
+    assert!(matches!(plan.stages[4].output, StageOutput::Sink(_)));
     assert_eq!(plan.stateful_operator_ids(), ["a", "out", "in-flight-1", "in-flight-2", "in-flight-3", "in-flight-3.1", "in-flight-4", "n"]);
     // Records in flight are kept per input, under the edge's name: a node
     // with several readers names the reader too.

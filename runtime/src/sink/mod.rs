@@ -163,17 +163,18 @@ pub enum RunEnd {
 /// retained snapshot references. Retention may have retired, during the
 /// run, the snapshots that protected an earlier run's leftovers; a job that
 /// is never resumed must not keep them.
-pub async fn clean_up_after_end(spec: &SinkSpec, job: &str, run_id: &str, end: RunEnd, keep: &HashSet<String>, base_dir: &Path, storage: &CheckpointStorage) -> Result<()> {
+pub async fn clean_up_after_end(spec: &SinkSpec, scope: &SinkScope, job: &str, run_id: &str, end: RunEnd, keep: &HashSet<String>, base_dir: &Path, storage: &CheckpointStorage) -> Result<()> {
+    let log = storage.dir(&scope.log_dir());
     match spec {
         SinkSpec::File(f) if f.is_s3() => {
             s3_file::discard_unreferenced(&s3_file::Output::open(&f.path)?, job, run_id, keep, Some(&storage.claimed_runs().await?)).await
         }
         SinkSpec::File(f) => file::discard_unreferenced(&base_dir.join(&f.path), job, run_id, keep, Some(&storage.claimed_runs().await?)),
-        SinkSpec::Postgres(p) if p.mode == PostgresMode::TwoPhaseCommit => postgres::discard_unreferenced(p, &state_scope(job, storage).await?, run_id, keep).await,
+        SinkSpec::Postgres(p) if p.mode == PostgresMode::TwoPhaseCommit => postgres::discard_unreferenced(p, &scope.external(job, storage).await?, run_id, keep).await,
         SinkSpec::Postgres(p) if p.mode == PostgresMode::WriteAheadLog => {
-            postgres::discard_after_end(p, &storage.dir(LOG_DIR), &state_scope(job, storage).await?, run_id, end, keep).await
+            postgres::discard_after_end(p, &log, &scope.external(job, storage).await?, run_id, end, keep).await
         }
-        SinkSpec::Kafka(k) if k.guarantee == Guarantee::ExactlyOnce => kafka::discard_after_end(&storage.dir(LOG_DIR), run_id, end, keep).await,
+        SinkSpec::Kafka(k) if k.guarantee == Guarantee::ExactlyOnce => kafka::discard_after_end(&log, run_id, end, keep).await,
         _ => Ok(()),
     }
 }
@@ -183,8 +184,9 @@ pub async fn clean_up_after_end(spec: &SinkSpec, job: &str, run_id: &str, end: R
 /// its own `wal/`, so that it restores when moved to another directory or
 /// bucket, or after the job's `wal/` is gone: a savepoint is
 /// self-contained. Called at a savepoint's barrier, after `pre_commit`.
-pub(crate) async fn copy_log_into_savepoint(state: &SinkState, storage: &CheckpointStorage, savepoint_dir: &str) -> Result<()> {
-    let (from, to) = (storage.dir(LOG_DIR), storage.dir(&format!("{savepoint_dir}/{LOG_DIR}")));
+pub(crate) async fn copy_log_into_savepoint(state: &SinkState, scope: &SinkScope, storage: &CheckpointStorage, savepoint_dir: &str) -> Result<()> {
+    let log = scope.log_dir();
+    let (from, to) = (storage.dir(&log), storage.dir(&format!("{savepoint_dir}/{log}")));
     for file in state.kafka.iter().map(|e| &e.file).chain(state.log.iter().map(|e| &e.file)) {
         let bytes = from.read_state_file(file).await?;
         to.put_durable(&file.name, bytes.to_vec()).await?;
@@ -249,43 +251,81 @@ pub(crate) fn encode_jsonl(batch: &RecordBatch) -> std::result::Result<Vec<u8>, 
 /// exactly-once sink fences the transactions earlier runs of each hosted
 /// subtask may have left open (`subtasks`: each with the restored states it
 /// takes over), so that no subtask's restore waits on a sibling's.
-pub async fn before_opening(spec: &SinkSpec, job: &str, subtasks: &[(u32, Vec<SinkState>)], parallelism: u32, storage: &CheckpointStorage) -> Result<()> {
+pub async fn before_opening(spec: &SinkSpec, scope: &SinkScope, job: &str, subtasks: &[(u32, Vec<SinkState>)], parallelism: u32, storage: &CheckpointStorage) -> Result<()> {
     match spec {
         SinkSpec::Kafka(k) if k.guarantee == Guarantee::ExactlyOnce && subtasks.len() > 1 => {
-            kafka::Transactional::fence_earlier_runs(k, &state_scope(job, storage).await?, subtasks, parallelism, &storage.dir(LOG_DIR)).await
+            kafka::Transactional::fence_earlier_runs(k, &scope.external(job, storage).await?, subtasks, parallelism, &storage.dir(&scope.ids_dir())).await
         }
         _ => Ok(()),
     }
 }
 
-/// What the PostgreSQL sink names its prepared transactions and progress
-/// rows by, and the Kafka sink its transactional ids, and what they clean
-/// up and fence by: the job id and its state's identity
-/// (`<job>:<identity>`), so that two states of one job id sharing a
-/// database or a topic leave each other's transactions alone.
-async fn state_scope(job: &str, storage: &CheckpointStorage) -> Result<String> {
-    Ok(format!("{job}:{}", storage.identity().await?))
+/// What keeps one sink's writes apart from every other sink's: of other
+/// jobs, of other states of the same job, and of the job's other sinks.
+/// The sink whose state id is `sink` (a chain's, and a graph's sink of that
+/// name) has the names it always had, so that its checkpoints restore.
+#[derive(Clone, Debug)]
+pub struct SinkScope {
+    /// The sink's state id.
+    pub state_id: String,
+}
+
+impl SinkScope {
+    pub fn of(state_id: &str) -> SinkScope {
+        SinkScope { state_id: state_id.to_string() }
+    }
+
+    /// Appended to every name below, but the sink named `sink`'s.
+    fn suffix(&self, separator: char) -> String {
+        if self.state_id == "sink" {
+            String::new()
+        } else {
+            format!("{separator}{}", self.state_id)
+        }
+    }
+
+    /// What the PostgreSQL sink names its prepared transactions and
+    /// progress rows by, and the Kafka sink its transactional ids and
+    /// progress markers, and what they clean up and fence by: the job id,
+    /// its state's identity and the sink (`<job>:<identity>~<sink>`), so
+    /// that two states of one job id, or two sinks of one job, sharing a
+    /// database or a topic leave each other's transactions alone.
+    pub async fn external(&self, job: &str, storage: &CheckpointStorage) -> Result<String> {
+        Ok(format!("{job}:{}{}", storage.identity().await?, self.suffix('~')))
+    }
+
+    /// The directory of the job's storage where the sink keeps its log
+    /// entries (Kafka's records of an interval, the write-ahead log).
+    pub fn log_dir(&self) -> String {
+        format!("{LOG_DIR}{}", self.suffix('-'))
+    }
+
+    /// The directory where the Kafka sink records its transactional ids.
+    pub fn ids_dir(&self) -> String {
+        format!("{}{}", kafka::IDS_DIR, self.suffix('-'))
+    }
 }
 
 impl SinkWriter {
     /// `schema` is the records' schema as they reach the sink; `storage`
     /// the job's checkpoint storage (for a write-ahead log).
     #[allow(clippy::too_many_arguments)]
-    pub async fn open(spec: &SinkSpec, schema: &Schema, job: &str, subtask: u32, run_id: &str, restore: SinkRestore<'_>, base_dir: &Path, storage: &CheckpointStorage) -> Result<Self> {
+    pub async fn open(spec: &SinkSpec, scope: &SinkScope, schema: &Schema, job: &str, subtask: u32, run_id: &str, restore: SinkRestore<'_>, base_dir: &Path, storage: &CheckpointStorage) -> Result<Self> {
         Ok(match spec {
             SinkSpec::Postgres(p) => match p.mode {
                 PostgresMode::TwoPhaseCommit => {
-                    SinkWriter::PostgresTwoPhase(postgres::TwoPhaseCommit::open(p, schema, &state_scope(job, storage).await?, subtask, run_id, restore).await?)
+                    SinkWriter::PostgresTwoPhase(postgres::TwoPhaseCommit::open(p, schema, &scope.external(job, storage).await?, subtask, run_id, restore).await?)
                 }
                 PostgresMode::Upsert => SinkWriter::PostgresUpsert(postgres::Upsert::open(p, schema).await?),
                 PostgresMode::WriteAheadLog => {
-                    let scope = state_scope(job, storage).await?;
-                    SinkWriter::PostgresWriteAhead(postgres::WriteAheadLog::open(p, schema, &scope, subtask, run_id, storage.dir(LOG_DIR), restore).await?)
+                    let external = scope.external(job, storage).await?;
+                    SinkWriter::PostgresWriteAhead(postgres::WriteAheadLog::open(p, schema, &external, subtask, run_id, storage.dir(&scope.log_dir()), restore).await?)
                 }
             },
             SinkSpec::Kafka(k) if k.guarantee == Guarantee::ExactlyOnce => {
-                let scope = state_scope(job, storage).await?;
-                SinkWriter::KafkaExactlyOnce(kafka::Transactional::open(k, schema, &scope, subtask, run_id, storage.dir(LOG_DIR), restore).await?)
+                let external = scope.external(job, storage).await?;
+                let (log, ids) = (storage.dir(&scope.log_dir()), storage.dir(&scope.ids_dir()));
+                SinkWriter::KafkaExactlyOnce(kafka::Transactional::open(k, schema, &external, subtask, run_id, (log, ids), restore).await?)
             }
             SinkSpec::Kafka(k) => SinkWriter::KafkaAtLeastOnce(kafka::AtLeastOnce::open(k, schema, job, subtask).await?),
             SinkSpec::File(f) if f.is_s3() => SinkWriter::S3File(S3FileSink::open(f, job, subtask, run_id, restore).await?),

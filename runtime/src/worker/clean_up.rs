@@ -13,27 +13,29 @@ use weir_api::FileSinkSpec;
 use crate::checkpoint::CheckpointStorage;
 use crate::error::Result;
 use crate::plan::late_records_id;
-use crate::sink::RunEnd;
+use crate::sink::{RunEnd, SinkScope};
 use weir_api::SinkSpec;
 
-/// The outputs worker 0 cleans up: the job's sink and the files of late
+/// The outputs worker 0 cleans up: the job's sinks and the files of late
 /// records its windows write.
 #[derive(Clone)]
 pub(crate) struct Outputs {
-    pub sink: SinkSpec,
-    /// Where checkpoints keep the sink's pending output.
-    pub sink_state_id: String,
+    /// Each sink's state id (where checkpoints keep its pending output) and spec.
+    pub sinks: Vec<(String, SinkSpec)>,
     /// (window operator id, its late records' file output)
     pub late_records: Vec<(String, FileSinkSpec)>,
 }
 
 /// Cleans up every output of the job for run `run_id`, which ended as `end`.
 pub(crate) async fn clean_up_after_end(outputs: &Outputs, job: &str, run_id: &str, end: RunEnd, base_dir: &Path, storage: &CheckpointStorage) -> Result<()> {
-    let keep = super::restore::referenced_sink_files(storage, None, &outputs.sink_state_id).await?;
-    crate::sink::clean_up_after_end(&outputs.sink, job, run_id, end, &keep, base_dir, storage).await?;
+    for (state_id, spec) in &outputs.sinks {
+        let keep = super::restore::referenced_sink_files(storage, None, state_id).await?;
+        crate::sink::clean_up_after_end(spec, &SinkScope::of(state_id), job, run_id, end, &keep, base_dir, storage).await?;
+    }
     for (op, output) in &outputs.late_records {
-        let keep = super::restore::referenced_sink_files(storage, None, &late_records_id(op)).await?;
-        crate::sink::clean_up_after_end(&SinkSpec::File(output.clone()), job, run_id, end, &keep, base_dir, storage).await?;
+        let state_id = late_records_id(op);
+        let keep = super::restore::referenced_sink_files(storage, None, &state_id).await?;
+        crate::sink::clean_up_after_end(&SinkSpec::File(output.clone()), &SinkScope::of(&state_id), job, run_id, end, &keep, base_dir, storage).await?;
     }
     Ok(())
 }

@@ -27,7 +27,7 @@ pub mod subtask;
 mod subtask_positions;
 mod wiring;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -44,7 +44,7 @@ use crate::error::{Error, Result};
 use crate::exchange::Barrier;
 use crate::operator::Operator;
 use crate::plan::{JobPlan, OperatorKind, StageOutput, WindowPlan};
-use crate::sink::{SinkRestore, SinkState, SinkWriter};
+use crate::sink::{SinkRestore, SinkScope, SinkState, SinkWriter};
 
 pub use protocol::Cluster;
 pub use start::{at_most_once_refuses, run, Placement};
@@ -81,7 +81,6 @@ const CONNECT_WITHIN: Duration = Duration::from_secs(30);
 async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Result<()> {
     let plan = cfg.plan.clone();
     let spec = &plan.spec;
-    let sink = &plan.sink;
     let (p, max_p) = (spec.parallelism, spec.max_parallelism);
     let index = cfg.index;
     let storage = CheckpointStorage::open(&cfg.state_dir, &spec.name, true)?;
@@ -107,7 +106,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
 
     // At-most-once takes no checkpoints: the coordinator only runs the
     // final barrier (which flushes the sinks) and refuses savepoints.
-    let at_most_once = spec.guarantee() == Guarantee::AtMostOnce;
+    let at_most_once = spec.runtime_guarantee() == Guarantee::AtMostOnce;
     // A local run's processes exit after a stop; pods stay until deleted.
     let ends_after_stop = matches!(cfg.placement, Placement::Local(_));
     let mut coordinator_task = None;
@@ -177,7 +176,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     }
     // Unaligned checkpoints: every subtask with inputs hears of a periodic
     // checkpoint from the coordinator directly, ahead of any queue.
-    let unaligned_after = if at_most_once || spec.guarantee() != Guarantee::ExactlyOnce { None } else { spec.checkpoint.unaligned_after() };
+    let unaligned_after = if at_most_once || spec.runtime_guarantee() != Guarantee::ExactlyOnce { None } else { spec.checkpoint.unaligned_after() };
     let mut notice_txs = Vec::new();
     let mut notice_rxs = HashMap::new();
     if unaligned_after.is_some() {
@@ -190,18 +189,28 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
         }
     }
     let (notify_tx, _) = broadcast::channel::<Notification>(256);
-    let mut sink_notifications: HashMap<u32, broadcast::Receiver<Notification>> = hosted.iter().map(|&j| (j, notify_tx.subscribe())).collect();
+    let mut sink_notifications: HashMap<(usize, u32), broadcast::Receiver<Notification>> = HashMap::new();
+    for (stage, plan_stage) in plan.stages.iter().enumerate() {
+        if matches!(plan_stage.output, StageOutput::Sink(_)) {
+            for &j in &hosted {
+                sink_notifications.insert((stage, j), notify_tx.subscribe());
+            }
+        }
+    }
     // Subtasks that write late records commit them as a sink does; those
     // of stages other than the sink's hear of completions on their own.
     // So does every subtask under incremental checkpoints: its chains of
     // state files move when their checkpoint completes.
     let late_outputs = plan.late_records_outputs();
-    let job_outputs = clean_up::Outputs { sink: sink.spec.clone(), sink_state_id: sink.state_id.clone(), late_records: late_outputs.iter().map(|(_, _, op, output)| (op.clone(), output.clone())).collect() };
+    let job_outputs = clean_up::Outputs {
+        sinks: plan.sinks().map(|s| (s.state_id.clone(), s.spec.clone())).collect(),
+        late_records: late_outputs.iter().map(|(_, _, op, output)| (op.clone(), output.clone())).collect(),
+    };
     let incremental = spec.checkpoint.incremental && !at_most_once;
     let mut stage_notifications: HashMap<(usize, u32), broadcast::Receiver<Notification>> = HashMap::new();
     for (stage, plan_stage) in plan.stages.iter().enumerate() {
         let writes_late = late_outputs.iter().any(|(s, ..)| *s == stage);
-        if (writes_late || incremental) && !matches!(plan_stage.output, StageOutput::Sink) {
+        if (writes_late || incremental) && !matches!(plan_stage.output, StageOutput::Sink(_)) {
             for &j in &hosted {
                 stage_notifications.insert((stage, j), notify_tx.subscribe());
             }
@@ -330,19 +339,25 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
 
     // Build and start the subtasks.
     let counters = Arc::new(Counters::default());
-    let sink_states = match &restored {
-        Some(r) => r.sink_states_of(&sink.state_id)?,
-        None => Vec::new(),
-    };
-    // Subtask 0 of the sink cleans up after earlier attempts; it must keep
-    // whatever any retained snapshot (or the restored one) still references.
-    let keep = if hosted.contains(&0) { Some(restore::referenced_sink_files(&storage, restored.as_ref(), &sink.state_id).await?) } else { None };
     let own_runs = if hosted.contains(&0) { Some(storage.claimed_runs().await?) } else { None };
-    // Alignment is what exactly-once costs; a job promising less skips it.
-    let alignment = if spec.guarantee() == Guarantee::ExactlyOnce { Alignment::Aligned } else { Alignment::Tracked };
-    let mine = |j: u32| -> Vec<SinkState> { sink_states.iter().filter(|(old, _)| old % p == j).map(|(_, s)| s.clone()).collect() };
-    let hosted_sinks: Vec<(u32, Vec<SinkState>)> = hosted.iter().map(|&j| (j, mine(j))).collect();
-    crate::sink::before_opening(&sink.spec, job_id, &hosted_sinks, p, &storage).await?;
+    // Alignment is what exactly-once costs; a job whose every sink is
+    // promised less skips it.
+    let alignment = if spec.runtime_guarantee() == Guarantee::ExactlyOnce { Alignment::Aligned } else { Alignment::Tracked };
+    let mut sink_openings: HashMap<usize, SinkOpening> = HashMap::new();
+    for stage in &plan.stages {
+        let StageOutput::Sink(sink) = &stage.output else { continue };
+        let states = match &restored {
+            Some(r) => r.sink_states_of(&sink.state_id)?,
+            None => Vec::new(),
+        };
+        // Subtask 0 of each sink cleans up after earlier attempts; it must keep
+        // whatever any retained snapshot (or the restored one) still references.
+        let keep = if hosted.contains(&0) { Some(restore::referenced_sink_files(&storage, restored.as_ref(), &sink.state_id).await?) } else { None };
+        let scope = SinkScope::of(&sink.state_id);
+        let hosted_sinks: Vec<(u32, Vec<SinkState>)> = hosted.iter().map(|&j| (j, states_of_subtask(&states, j, p))).collect();
+        crate::sink::before_opening(&sink.spec, &scope, job_id, &hosted_sinks, p, &storage).await?;
+        sink_openings.insert(stage.index, SinkOpening { states, keep, scope });
+    }
     let mut tasks = JoinSet::new();
     for (stage_index, stage) in plan.stages.iter().enumerate() {
         for &j in &hosted {
@@ -384,24 +399,25 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                         None => Vec::new(),
                     };
                     let keep = if j == 0 { Some(restore::referenced_sink_files(&storage, restored.as_ref(), &state_id).await?) } else { None };
-                    let restore = SinkRestore { mine: states.iter().filter(|(old, _)| old % p == j).map(|(_, s)| s.clone()).collect(), keep: keep.as_ref(), runs: own_runs.as_ref(), parallelism: p, snapshot_log: None };
-                    let sink = SinkWriter::open(&SinkSpec::File(output.clone()), &schema, job_id, j, &cluster.run_id, restore, &cfg.base_dir, &storage).await?;
+                    let restore = SinkRestore { mine: states_of_subtask(&states, j, p), keep: keep.as_ref(), runs: own_runs.as_ref(), parallelism: p, snapshot_log: None };
+                    let sink = SinkWriter::open(&SinkSpec::File(output.clone()), &SinkScope::of(&state_id), &schema, job_id, j, &cluster.run_id, restore, &cfg.base_dir, &storage).await?;
                     late_records.push(LateRecords { operator: k, state_id, sink });
                 }
                 schema = op_plan.output_schema.clone();
                 operators.push(op);
             }
             let output = match &stage.output {
-                StageOutput::Sink => {
+                StageOutput::Sink(sink) => {
+                    let opening = sink_openings.get(&stage_index).ok_or_else(|| Error::Job("sink opened twice".into()))?;
                     let restore = SinkRestore {
-                        mine: mine(j),
-                        keep: if j == 0 { keep.as_ref() } else { None },
+                        mine: states_of_subtask(&opening.states, j, p),
+                        keep: if j == 0 { opening.keep.as_ref() } else { None },
                         runs: if j == 0 { own_runs.as_ref() } else { None },
                         parallelism: p,
-                        snapshot_log: restored.as_ref().map(|r| r.location.child(crate::sink::LOG_DIR)),
+                        snapshot_log: restored.as_ref().map(|r| r.location.child(&opening.scope.log_dir())),
                     };
-                    let writer = SinkWriter::open(&sink.spec, &schema, job_id, j, &cluster.run_id, restore, &cfg.base_dir, &storage).await?;
-                    let notifications = sink_notifications.remove(&j).ok_or_else(|| Error::Job("sink notifications taken twice".into()))?;
+                    let writer = SinkWriter::open(&sink.spec, &opening.scope, &schema, job_id, j, &cluster.run_id, restore, &cfg.base_dir, &storage).await?;
+                    let notifications = sink_notifications.remove(&(stage_index, j)).ok_or_else(|| Error::Job("sink notifications taken twice".into()))?;
                     Output::Sink { sink: writer, notifications, state_id: sink.state_id.clone() }
                 }
                 StageOutput::Edges(_) => Output::Edges(outputs.remove(&(stage_index, j)).ok_or_else(|| Error::Job("outputs taken twice".into()))?),
@@ -561,4 +577,18 @@ async fn prefer_fatal(tasks: &mut JoinSet<Result<()>>, e: Error) -> Error {
             },
         }
     }
+}
+
+/// What the subtasks of one sink open with: every old subtask's restored
+/// state, what retained snapshots still reference (on the worker of its
+/// subtask 0, which cleans up), and the names that keep it apart.
+struct SinkOpening {
+    states: Vec<(u32, SinkState)>,
+    keep: Option<HashSet<String>>,
+    scope: SinkScope,
+}
+
+/// The restored states subtask `j` takes over at parallelism `p`.
+fn states_of_subtask(states: &[(u32, SinkState)], j: u32, p: u32) -> Vec<SinkState> {
+    states.iter().filter(|(old, _)| old % p == j).map(|(_, s)| s.clone()).collect()
 }

@@ -125,7 +125,7 @@ fn humane(d: Duration) -> String {
 /// and only then resolves: a run it supersedes can complete no checkpoint it
 /// would not see. It returns the claim, which its coordinator holds.
 pub(super) async fn restore_state(cfg: &WorkerConfig, storage: &CheckpointStorage, run_id: &str) -> Result<(Option<RestoredState>, Option<RunClaim>)> {
-    if cfg.plan.spec.guarantee() == weir_api::Guarantee::AtMostOnce {
+    if cfg.plan.spec.runtime_guarantee() == weir_api::Guarantee::AtMostOnce {
         return at_most_once_start(cfg, storage, run_id).await;
     }
     // Asked before the claim, which is itself a trace of the job.

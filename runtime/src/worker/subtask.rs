@@ -371,6 +371,9 @@ impl Subtask {
                             }
                             if let Output::Sink { sink, .. } = &mut self.output {
                                 in_flight = sink.start_commit(id).await?;
+                                if !in_flight {
+                                    crate::fault::crash_point("after-sink-commit", id);
+                                }
                             }
                         }
                         // A commit still in flight is reported once done
@@ -629,7 +632,7 @@ impl Subtask {
             Output::Sink { sink, state_id, .. } => {
                 if let Some(state) = sink.pre_commit(barrier.checkpoint_id).await? {
                     if barrier.savepoint {
-                        crate::sink::copy_log_into_savepoint(&state, &self.storage, &barrier.dir).await?;
+                        crate::sink::copy_log_into_savepoint(&state, &crate::sink::SinkScope::of(state_id), &self.storage, &barrier.dir).await?;
                     }
                     let v = serde_json::to_value(state).map_err(|e| Error::Job(e.to_string()))?;
                     inline.push((state_id.clone(), OperatorSubtaskState { subtask: self.index, inline: Some(v), file: None, shared: Vec::new() }));

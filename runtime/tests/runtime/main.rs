@@ -23,5 +23,6 @@ mod postgres_sink;
 mod postgres_tls;
 mod s3_storage;
 mod savepoint_compat;
+mod several_sinks;
 mod unaligned;
 mod windows;

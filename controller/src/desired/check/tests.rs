@@ -5,7 +5,7 @@ use crate::testing::JobBuilder;
 
 fn checked(job: &StreamJob) -> Result<(), Refusal> {
     let pipeline = job.spec.validate().expect("a valid pipeline");
-    check(job, pipeline.sink.as_ref().unwrap(), &WorkerSettings::default())
+    check(job, &[pipeline.sink.as_ref().unwrap()], &WorkerSettings::default())
 }
 
 fn refused(job: &StreamJob) -> Refusal {
@@ -108,11 +108,11 @@ fn claims_network_and_host_filesystems_count() {
 fn a_job_without_any_image_is_refused_and_the_operators_default_fills_in() {
     let job = JobBuilder::new("j").spec(|s| s.image = None).build();
     let pipeline = job.spec.validate().unwrap();
-    let r = check(&job, pipeline.sink.as_ref().unwrap(), &WorkerSettings::default()).unwrap_err();
+    let r = check(&job, &[pipeline.sink.as_ref().unwrap()], &WorkerSettings::default()).unwrap_err();
     assert_eq!(r.reason, "NoWorkerImage");
     assert!(r.message.contains("set spec.image"), "{}", r.message);
     let with_default = WorkerSettings { default_image: Some("localhost/weir:0.1.0".into()), ..WorkerSettings::default() };
-    assert_eq!(check(&job, pipeline.sink.as_ref().unwrap(), &with_default), Ok(()));
+    assert_eq!(check(&job, &[pipeline.sink.as_ref().unwrap()], &with_default), Ok(()));
 }
 
 #[test]

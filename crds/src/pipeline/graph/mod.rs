@@ -94,12 +94,6 @@ pub struct NotRunnable {
     pub message: String,
 }
 
-impl NotRunnable {
-    fn at(node: NodeRef, message: String) -> NotRunnable {
-        NotRunnable { field: node.path().to_string(), message }
-    }
-}
-
 impl std::fmt::Display for NotRunnable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}: {}", self.field, self.message)
@@ -107,21 +101,17 @@ impl std::fmt::Display for NotRunnable {
 }
 
 impl PipelineGraph {
-    /// The one sink of a graph the runtime runs, or what it does not run
-    /// yet (runtime/design/graphs.md §6): several sinks, joins.
-    pub fn runnable_sink(&self) -> Result<&Node<SinkSpec>, NotRunnable> {
-        let Some(sink) = self.sinks.first() else {
+    /// What the runtime does not run yet (runtime/design/graphs.md §6):
+    /// joins.
+    pub fn check_runnable(&self) -> Result<(), NotRunnable> {
+        if self.sinks.is_empty() {
             return Err(NotRunnable { field: "sinks".into(), message: "expected a sink".into() });
-        };
-        if let Some(second) = self.sinks.get(1) {
-            let message = format!("`{}`: several sinks in one job are not supported yet: write one sink", second.name);
-            return Err(NotRunnable::at(NodeRef::Sink(second), message));
         }
         if let Some(join) = self.steps.iter().find(|s| s.spec.join_keys().is_some() || matches!(s.spec, StepKind::LookupJoin(_))) {
             let message = format!("`{}`: {} steps are not supported yet", join.name, join.spec.name());
             return Err(NotRunnable { field: format!("{}.{}", join.path, join.spec.name()), message });
         }
-        Ok(sink)
+        Ok(())
     }
 
     /// Every node in the order written: sources, steps, sinks.
@@ -177,12 +167,12 @@ impl PipelineGraph {
 }
 
 impl PipelineSpec {
-    /// What the runtime runs of a checked pipeline: its graph with one sink
-    /// and no joins, so far. The controller refuses the rest once, rather
+    /// What the runtime runs of a checked pipeline: its graph without
+    /// joins, so far. The controller refuses the rest once, rather
     /// than every worker of every run.
     pub fn runnable_graph(&self) -> Result<PipelineGraph, NotRunnable> {
         let graph = self.graph();
-        graph.runnable_sink()?;
+        graph.check_runnable()?;
         Ok(graph)
     }
 

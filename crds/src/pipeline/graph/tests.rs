@@ -442,10 +442,10 @@ fn a_graph_guarantee_names_the_weakest_source_or_sink() {
 }
 
 #[test]
-fn several_sinks_and_joins_are_refused_naming_the_node_and_any_graph_may_checkpoint_unaligned() {
+fn joins_are_refused_naming_the_node_and_several_sinks_and_unaligned_checkpoints_of_any_graph_run() {
     let runnable = |text: &str| parse(text).unwrap().runnable_graph().map(|_| ()).map_err(|e| e.to_string());
-    let err = runnable("name: p\nsources:\n  a: {generator: {}}\nsinks:\n  one: {input: a, blackhole: {}}\n  two: {input: a, blackhole: {}}\n");
-    assert_eq!(err.unwrap_err(), "sinks.two: `two`: several sinks in one job are not supported yet: write one sink");
+    let several = runnable("name: p\nsources:\n  a: {generator: {}}\nsinks:\n  one: {input: a, blackhole: {}}\n  two: {input: a, blackhole: {}}\n");
+    assert_eq!(several, Ok(()));
     let join = "name: p\nsources:\n  a: {generator: {}}\n  b: {generator: {}}\nsteps:\n  - {name: j, input: [a, b], join: {on: [key], ttl: 1m}}\nsinks:\n  out: {input: j, blackhole: {}}\n";
     assert_eq!(runnable(join).unwrap_err(), "steps[0].join: `j`: join steps are not supported yet");
     let union = |checkpoint: &str| {
@@ -456,4 +456,23 @@ fn several_sinks_and_joins_are_refused_naming_the_node_and_any_graph_may_checkpo
     assert_eq!(runnable(&union("checkpoint: {alignment_timeout: 1s}\n")), Ok(()));
     // A chain is one path, whatever its checkpoints.
     assert_eq!(runnable("name: c\ncheckpoint: {mode: unaligned}\nsource: {generator: {}}\nsteps: [{key_by: key}, {running_count: n}]\nsink: {blackhole: {}}\n"), Ok(()));
+}
+
+#[test]
+fn each_sink_gets_the_guarantee_of_what_is_upstream_of_it_and_the_job_runs_at_the_strongest() {
+    let text = "name: p\nsources:\n  a: {generator: {}}\n  s:\n    socket: {address: \"127.0.0.1:9\", schema: {seq: int64}}\nsinks:\n  files: {input: a, file: {path: out, guarantee: exactly-once}}\n  debug: {input: a, stdout: {}}\n  raw: {input: s, file: {path: raw, guarantee: exactly-once}}\n";
+    let spec = parse(text).unwrap();
+    assert_eq!(
+        spec.sink_guarantees(),
+        [
+            ("files".to_string(), Guarantee::ExactlyOnce),
+            ("debug".to_string(), Guarantee::AtLeastOnce),
+            ("raw".to_string(), Guarantee::AtMostOnce),
+        ],
+        "the socket is upstream of `raw` only"
+    );
+    assert_eq!(spec.guarantee(), Guarantee::AtMostOnce, "the job promises the weakest");
+    assert_eq!(spec.runtime_guarantee(), Guarantee::ExactlyOnce, "and runs at the strongest: `files` stays exactly-once");
+    let one = parse("name: c\nsource: {generator: {}}\nsink: {stdout: {}}\n").unwrap();
+    assert_eq!((one.guarantee(), one.runtime_guarantee()), (Guarantee::AtLeastOnce, Guarantee::AtLeastOnce));
 }

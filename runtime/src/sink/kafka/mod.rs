@@ -22,6 +22,7 @@ use crate::kafka::{self, Deliveries, Scope, UserSettings, REQUEST_TIMEOUT};
 use crate::sink::encode_jsonl;
 
 pub use transactional::{discard_after_end, KafkaLogEntry, Transactional};
+pub(crate) use transactional::IDS_DIR;
 
 /// Messages of one batch, ready to send: values are JSON objects.
 struct Messages {

@@ -127,7 +127,7 @@ pub struct Transactional {
 
 /// The directory, beside the log's, where subtasks record their
 /// transactional ids before they use them.
-const IDS_DIR: &str = "kafka-transactional-ids";
+pub(crate) const IDS_DIR: &str = "kafka-transactional-ids";
 
 fn ids_record(subtask: u32) -> String {
     format!("subtask-{subtask:03}")
@@ -145,13 +145,14 @@ fn transactional_id(job: &str, topic: &str, subtask: u32, slot: usize) -> String
 
 impl Transactional {
     #[allow(clippy::too_many_arguments)]
-    pub async fn open(spec: &KafkaSinkSpec, schema: &Schema, job: &str, subtask: u32, run_id: &str, log: Location, restore: SinkRestore<'_>) -> Result<Self> {
+    /// `log` and `ids` are the sink's log and transactional-ids directories.
+    pub async fn open(spec: &KafkaSinkSpec, schema: &Schema, job: &str, subtask: u32, run_id: &str, (log, ids): (Location, Location), restore: SinkRestore<'_>) -> Result<Self> {
         let key = key_index(spec, schema)?;
         let mut sink = Transactional {
             spec: spec.clone(),
             key,
             schema: std::sync::Arc::new(schema.clone()),
-            ids: log.parent().child(IDS_DIR),
+            ids,
             restored_log: restore.snapshot_log.clone(),
             log,
             job: job.to_string(),
@@ -212,11 +213,10 @@ impl Transactional {
     /// sibling holds back for the whole transaction timeout; the worker
     /// opens its sink subtasks one after another, so the sibling would
     /// fence it only after that.
-    pub async fn fence_earlier_runs(spec: &KafkaSinkSpec, job: &str, subtasks: &[(u32, Vec<SinkState>)], parallelism: u32, log: &Location) -> Result<()> {
+    pub async fn fence_earlier_runs(spec: &KafkaSinkSpec, job: &str, subtasks: &[(u32, Vec<SinkState>)], parallelism: u32, ids: &Location) -> Result<()> {
         ensure_progress_topic(spec, None).await?;
-        let ids = log.parent().child(IDS_DIR);
         for (subtask, mine) in subtasks {
-            EarlierRuns::find(spec, job, *subtask, parallelism, mine, &ids).await?.fence(spec, job, *subtask, true)?;
+            EarlierRuns::find(spec, job, *subtask, parallelism, mine, ids).await?.fence(spec, job, *subtask, true)?;
         }
         Ok(())
     }

@@ -321,11 +321,17 @@ impl Job {
     /// and per key the counts 1..n once each (a key's events up to a point
     /// of the input, none missing before it). Returns how many events.
     pub fn assert_once_up_to_a_point(&self) -> usize {
-        self.once_per_key().0.len()
+        self.once_per_key_of(&self.committed_lines()).0.len()
     }
 
     pub fn assert_exactly_once(&self) {
-        let (seqs, per_key) = self.once_per_key();
+        self.assert_exactly_once_of(&self.committed_lines());
+    }
+
+    /// The exactly-once oracle over `lines`, the committed output of one of
+    /// the job's sinks (a job with several checks each).
+    pub fn assert_exactly_once_of(&self, lines: &[serde_json::Value]) {
+        let (seqs, per_key) = self.once_per_key_of(lines);
         assert_eq!(seqs.len() as u64, self.events, "committed {} of {} events; missing {}", seqs.len(), self.events, self.missing(&seqs));
         for (key, n) in per_key {
             let expected = (self.events as i64 - key + self.keys as i64 - 1) / self.keys as i64;
@@ -336,10 +342,10 @@ impl Job {
     /// What both oracles check: every committed seq once, with its key and
     /// value, and per key the counts 1..n once each (none missing before
     /// the key's last). The seqs, and n per key.
-    fn once_per_key(&self) -> (HashSet<i64>, BTreeMap<i64, i64>) {
+    fn once_per_key_of(&self, lines: &[serde_json::Value]) -> (HashSet<i64>, BTreeMap<i64, i64>) {
         let mut seqs = HashSet::new();
         let mut counts: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
-        for l in &self.committed_lines() {
+        for l in lines {
             let seq = l["seq"].as_i64().expect("seq");
             assert!(seqs.insert(seq), "seq {seq} committed twice");
             let key = l["key"].as_i64().expect("key");
