@@ -325,3 +325,31 @@ fn triggers_in_a_new_manifest_are_part_of_the_first_deploy_not_requests() {
     w.step();
     assert_eq!(w.phase(), Some(Phase::Savepointing));
 }
+
+#[test]
+fn a_network_rule_that_cuts_the_operator_off_is_named_at_the_restart_and_while_the_next_run_joins() {
+    let mut w = World::running(two_minutes().build());
+    // A default-deny NetworkPolicy arrives: the operator's requests time out.
+    w.coordinator = None;
+    w.coordinator_error = Some("worker 127.0.1.1:6120: error sending request: operation timed out".into());
+    w.step();
+    w.advance(Duration::from_secs(9));
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Recovering));
+    let failure = d.status.last_failure.unwrap().message;
+    assert!(failure.contains("a network rule") && failure.contains("port 6120"), "{failure}");
+    // The next run's pods run but cannot be given their membership.
+    w.advance(Duration::from_secs(60));
+    w.step();
+    w.step();
+    w.pods_run();
+    w.coordinator = None;
+    w.step();
+    w.advance(Duration::from_secs(9));
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Recovering));
+    let (_, reason, message) = condition(&d, "Degraded");
+    assert_eq!(reason, "ControlEndpointUnreachable", "not 'joining' with no reason: {message}");
+    let shown = d.status.message.unwrap();
+    assert!(shown.starts_with("recovering: workers of run 2 joining: the operator cannot reach worker 0's control endpoint") && shown.contains("deadline"), "{shown}");
+}
