@@ -328,9 +328,16 @@ async fn act(job: &StreamJob, ctx: &Context, ns: &str, decision: &Decision, pods
                 let sent = workers.iter().map(|w| {
                     let token = &token;
                     async move {
-                        if let Err(e) = ctx.workers.put_membership(*w, token, membership).await {
+                        match ctx.workers.put_membership(*w, token, membership).await {
+                            Ok(_) => {}
+                            // The worker answered and said no (another run's
+                            // membership, a worker count its pipeline does not
+                            // have): it will never join, so it is no debug detail.
+                            Err(e) if matches!(&e, Error::Worker { message, .. } if message.starts_with("HTTP ")) => {
+                                warn!(worker = %w, error = %e, "the worker refused its membership")
+                            }
                             // Not started listening yet: the next reconcile sends again.
-                            debug!(worker = %w, error = %e, "membership not delivered yet");
+                            Err(e) => debug!(worker = %w, error = %e, "membership not delivered yet"),
                         }
                     }
                 });
