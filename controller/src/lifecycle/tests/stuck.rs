@@ -353,3 +353,31 @@ fn a_network_rule_that_cuts_the_operator_off_is_named_at_the_restart_and_while_t
     let shown = d.status.message.unwrap();
     assert!(shown.starts_with("recovering: workers of run 2 joining: the operator cannot reach worker 0's control endpoint") && shown.contains("deadline"), "{shown}");
 }
+
+#[test]
+fn a_pod_stuck_creating_its_container_names_that_and_where_to_look_not_containers_not_ready() {
+    use k8s_openapi::api::core::v1::{ContainerState, ContainerStateWaiting, ContainerStatus};
+    let mut w = World::new(two_minutes().build());
+    w.until(Phase::Deploying);
+    w.step();
+    // Scheduled; the volume cannot attach (Multi-Attach), which only the pod's events say.
+    for p in w.pods.iter_mut() {
+        let st = p.status.as_mut().unwrap();
+        st.conditions = Some(vec![
+            PodCondition { type_: "Ready".into(), status: "False".into(), reason: Some("ContainersNotReady".into()), message: Some("containers with unready status: [worker]".into()), ..Default::default() },
+            PodCondition { type_: "PodScheduled".into(), status: "True".into(), ..Default::default() },
+        ]);
+        st.container_statuses = Some(vec![ContainerStatus {
+            name: "worker".into(),
+            state: Some(ContainerState { waiting: Some(ContainerStateWaiting { reason: Some("ContainerCreating".into()), message: None }), ..Default::default() }),
+            ..Default::default()
+        }]);
+    }
+    let d = w.step();
+    let message = d.status.message.unwrap();
+    assert!(message.contains("ContainerCreating (its events say why: kubectl describe pod j-"), "{message}");
+    assert!(!message.contains("unready status"), "{message}");
+    w.advance(Duration::from_secs(120));
+    w.step();
+    assert_eq!(w.phase(), Some(Phase::Failed));
+}
