@@ -124,11 +124,9 @@ fn advance_run(cx: &Cx, st: &mut StreamJobStatus) -> Progress {
         return refused(cx, run, r, mine);
     }
     if !run.pods_created {
-        if run.refusals > 0 {
-            if mine > 0 {
-                // Some pods were created before one was refused: gone before the next try.
-                return Waiting::new(vec![Effect::DeleteAllPods], format!("removing {mine} pod(s) of run {} created before the refusal", run.number), Duration::from_millis(500));
-            }
+        if run.refusals > 0 && mine > 0 {
+            // Some pods were created before one was refused: gone before the next try.
+            return Waiting::new(vec![Effect::DeleteAllPods], format!("removing {mine} pod(s) of run {} created before the refusal", run.number), Duration::from_millis(500));
         }
         if let Some(t) = &run.not_before {
             if t.0 > cx.now {
