@@ -14,6 +14,10 @@ pub const FINALIZER: &str = "weir.dev/savepoint-on-delete";
 
 /// Key of the pipeline file in the job's ConfigMap.
 pub const PIPELINE_KEY: &str = "pipeline.yaml";
+/// Key of the pipeline ConfigMap holding the StreamJob spec its pipeline
+/// was made from: the spec of the last run whose pods were created, from
+/// which the next run's pods are built while the current spec is refused.
+pub const SPEC_KEY: &str = "streamjob-spec.json";
 /// Where the pipeline ConfigMap is mounted in worker pods.
 pub const PIPELINE_DIR: &str = "/etc/weir";
 /// Key of the control token in the job's Secret.

@@ -123,14 +123,7 @@ impl PodView {
                         exit_code: Some(t.exit_code),
                     },
                     _ if status.phase.as_deref() == Some("Running") => PodState::Running,
-                    _ => PodState::Pending {
-                        reason: status
-                            .conditions
-                            .as_ref()
-                            .and_then(|cs| cs.iter().find(|c| c.status == "False" && c.reason.is_some()))
-                            .and_then(|c| c.message.clone().or(c.reason.clone()))
-                            .or(waiting.and_then(|w| w.reason)),
-                    },
+                    _ => PodState::Pending { reason: pending_reason(pod, &status, waiting.as_ref()) },
                 },
             }
         };
@@ -161,6 +154,28 @@ impl PodView {
             },
         }
     }
+}
+
+/// Why a pod has not started, in the words that help: the scheduler's
+/// (an unbound claim, no node with room) while it is not scheduled; once
+/// it is, the worker container's waiting reason (`ContainerCreating` while
+/// a volume attaches or an image is pulled, whose details only the pod's
+/// events carry, so the message says where to look) rather than the
+/// `ContainersNotReady` every starting pod has.
+fn pending_reason(pod: &Pod, status: &k8s_openapi::api::core::v1::PodStatus, waiting: Option<&k8s_openapi::api::core::v1::ContainerStateWaiting>) -> Option<String> {
+    let conditions = status.conditions.as_deref().unwrap_or_default();
+    let words = |c: &k8s_openapi::api::core::v1::PodCondition| c.message.clone().or(c.reason.clone());
+    let unscheduled = conditions.iter().find(|c| c.type_ == "PodScheduled" && c.status == "False").and_then(words);
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let container = waiting.and_then(|w| {
+        let reason = w.reason.as_deref()?;
+        Some(match w.message.as_deref().filter(|m| !m.is_empty()) {
+            Some(m) => format!("{reason}: {m}"),
+            None => format!("{reason} (its events say why: kubectl describe pod {name})"),
+        })
+    });
+    let other = conditions.iter().find(|c| c.status == "False" && c.reason.is_some()).and_then(words);
+    unscheduled.or(container).or(other)
 }
 
 /// The container's reason, with the worker's own words when it wrote them

@@ -328,9 +328,16 @@ async fn act(job: &StreamJob, ctx: &Context, ns: &str, decision: &Decision, pods
                 let sent = workers.iter().map(|w| {
                     let token = &token;
                     async move {
-                        if let Err(e) = ctx.workers.put_membership(*w, token, membership).await {
+                        match ctx.workers.put_membership(*w, token, membership).await {
+                            Ok(_) => {}
+                            // The worker answered and said no (another run's
+                            // membership, a worker count its pipeline does not
+                            // have): it will never join, so it is no debug detail.
+                            Err(e) if matches!(&e, Error::Worker { message, .. } if message.starts_with("HTTP ")) => {
+                                warn!(worker = %w, error = %e, "the worker refused its membership")
+                            }
                             // Not started listening yet: the next reconcile sends again.
-                            debug!(worker = %w, error = %e, "membership not delivered yet");
+                            Err(e) => debug!(worker = %w, error = %e, "membership not delivered yet"),
                         }
                     }
                 });
@@ -415,6 +422,21 @@ async fn create_run(job: &StreamJob, ctx: &Context, ns: &str, status: &StreamJob
         m.remove(&uid);
     }
     let apply = PatchParams::apply(FIELD_MANAGER).force();
+    let config_maps = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(ctx.client.clone(), ns);
+    // The run's pods are built from the spec the run was decided on, which
+    // is the current one unless that is refused: then it is the deployed
+    // spec the pipeline ConfigMap keeps.
+    let stored = if desired::job_for_run(job, run, None, &ctx.settings).1 {
+        None
+    } else {
+        let cm = config_maps.get_opt(&names::pipeline_config_map(&job.name_any())).await.map_err(Error::kube("reading the pipeline ConfigMap"))?;
+        cm.as_ref().and_then(desired::spec_of_config_map)
+    };
+    let (run_job, same) = desired::job_for_run(job, run, stored, &ctx.settings);
+    if !same {
+        warn!(run = %run.id, spec = %run.spec_hash, "the spec the run was decided on is not available; building its pods from the spec at hand");
+    }
+    let job = &run_job;
     // Every object is built before any is sent: a spec that cannot be built
     // creates nothing.
     let cm = desired::pipeline_config_map(job)?;
@@ -426,7 +448,6 @@ async fn create_run(job: &StreamJob, ctx: &Context, ns: &str, status: &StreamJob
     // that nothing depends on anything, and each round trip to the API server
     // is what a new run waits on (recovery, upgrade), so the requests of a
     // round go out together.
-    let config_maps = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(ctx.client.clone(), ns);
     let services = Api::<k8s_openapi::api::core::v1::Service>::namespaced(ctx.client.clone(), ns);
     let policies = Api::<NetworkPolicy>::namespaced(ctx.client.clone(), ns);
     futures::try_join!(

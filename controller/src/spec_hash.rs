@@ -16,6 +16,7 @@ const LIFECYCLE_FIELDS: &[&str] = &[
     "restartBackoff",
     "savepointOnDelete",
     "savepointTimeout",
+    "deployTimeout",
 ];
 
 /// A stable hash (hex, 16 characters) of the pod-shaping part of the spec.

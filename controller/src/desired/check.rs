@@ -71,6 +71,7 @@ pub fn check(job: &StreamJob, sinks: &[&SinkSpec], settings: &WorkerSettings) ->
         avoid_nodes_relaxed: false,
         silent_pods: Vec::new(),
         coordinator_unreachable_since: None,
+        pods_created_at: None,
     };
     let pod = worker_pod(job, &run, 0, settings).map_err(|e| Refusal::invalid(e.to_string()))?;
     let storage = &job.spec.checkpoint.storage;

@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use k8s_openapi::ByteString;
 use kube::{Resource, ResourceExt};
 use weir_api::control::{CONTROL_PORT, COORDINATOR_PORT, DATA_PORT};
-use weir_api::streamjob::StreamJob;
+use weir_api::streamjob::{RunStatus, StreamJob, StreamJobSpec};
 
 use crate::error::{Error, Result};
 use crate::names;
@@ -47,17 +47,45 @@ fn meta(job: &StreamJob, name: String) -> Result<ObjectMeta> {
 }
 
 /// The pipeline file the workers read (spec.pipeline with the spec's
-/// parallelism and checkpoint settings).
+/// parallelism and checkpoint settings), and the spec it was made from
+/// ([`names::SPEC_KEY`], see [`spec_of_config_map`]).
 pub fn pipeline_config_map(job: &StreamJob) -> Result<ConfigMap> {
-    let yaml = job
-        .spec
-        .effective_pipeline_yaml()
-        .map_err(|e| Error::Build { object: names::pipeline_config_map(&job.name_any()), message: e.to_string() })?;
+    let build = |e: String| Error::Build { object: names::pipeline_config_map(&job.name_any()), message: e };
+    let yaml = job.spec.effective_pipeline_yaml().map_err(|e| build(e.to_string()))?;
+    let spec = serde_json::to_string(&job.spec).map_err(|e| build(e.to_string()))?;
     Ok(ConfigMap {
         metadata: meta(job, names::pipeline_config_map(&job.name_any()))?,
-        data: Some(BTreeMap::from([(names::PIPELINE_KEY.to_string(), yaml)])),
+        data: Some(BTreeMap::from([(names::PIPELINE_KEY.to_string(), yaml), (names::SPEC_KEY.to_string(), spec)])),
         ..Default::default()
     })
+}
+
+/// The StreamJob to build `run`'s objects from, so that a run's pods are
+/// always of the spec the run was decided on: `job` when its spec is the
+/// run's (by hash), else `job` with the spec the pipeline ConfigMap keeps
+/// (`stored`: the last run whose pods were created, which is the spec
+/// deployed). A run is decided on another spec than the current one only
+/// while the current one is refused ([`crate::lifecycle`] never runs a
+/// refused spec). The flag says whether the result's hash is the run's:
+/// without a stored spec (a ConfigMap of an older operator) the current
+/// spec is all there is.
+pub fn job_for_run(job: &StreamJob, run: &RunStatus, stored: Option<StreamJobSpec>, settings: &WorkerSettings) -> (StreamJob, bool) {
+    let hash = |j: &StreamJob| crate::spec_hash::spec_hash(&j.spec, worker_image(j, settings).as_deref());
+    if hash(job) == run.spec_hash {
+        return (job.clone(), true);
+    }
+    let Some(spec) = stored else { return (job.clone(), false) };
+    let mut deployed = job.clone();
+    deployed.spec = spec;
+    let same = hash(&deployed) == run.spec_hash;
+    (deployed, same)
+}
+
+/// The spec a pipeline ConfigMap was made from; `None` for one made before
+/// the spec was kept there, or one that does not parse.
+pub fn spec_of_config_map(cm: &ConfigMap) -> Option<weir_api::streamjob::StreamJobSpec> {
+    let text = cm.data.as_ref()?.get(names::SPEC_KEY)?;
+    serde_json::from_str(text).ok()
 }
 
 /// The Secret holding the job's control token. Created once: the token must

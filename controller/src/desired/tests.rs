@@ -23,6 +23,7 @@ fn run(restore: Option<&str>) -> RunStatus {
         avoid_nodes_relaxed: false,
         silent_pods: Vec::new(),
         coordinator_unreachable_since: None,
+        pods_created_at: None,
     }
 }
 
@@ -133,6 +134,28 @@ fn the_pipeline_config_map_carries_the_specs_parallelism_and_checkpoint_settings
     let parsed = weir_api::PipelineSpec::from_yaml("cm", yaml).unwrap();
     assert_eq!(parsed.parallelism, 2);
     assert_eq!(parsed.checkpoint.interval.get(), std::time::Duration::from_millis(500));
+}
+
+#[test]
+fn a_runs_pods_are_built_from_the_spec_it_was_decided_on_even_when_the_current_one_differs() {
+    let deployed = JobBuilder::new("wc").build();
+    let cm = pipeline_config_map(&deployed).unwrap();
+    let stored = spec_of_config_map(&cm).expect("the ConfigMap keeps the spec");
+    assert_eq!(stored, deployed.spec);
+    let mut r = run(Some("latest"));
+    r.spec_hash = crate::spec_hash::spec_hash(&deployed.spec, worker_image(&deployed, &settings()).as_deref());
+    // The current spec is another one (refused, say): the run keeps the deployed one.
+    let current = JobBuilder::new("wc").spec(|s| s.parallelism = 3).build();
+    let (built, same) = job_for_run(&current, &r, Some(stored.clone()), &settings());
+    assert!(same);
+    assert_eq!(built.spec.parallelism, 2);
+    assert_eq!(built.metadata, current.metadata, "the same object, another spec");
+    // The current spec is the run's: taken as it is.
+    let (built, same) = job_for_run(&deployed, &r, None, &settings());
+    assert!(same && built.spec == deployed.spec);
+    // Neither: said so (the reconciler logs it), and the current spec is all there is.
+    let (built, same) = job_for_run(&current, &r, None, &settings());
+    assert!(!same && built.spec.parallelism == 3);
 }
 
 #[test]

@@ -14,6 +14,10 @@ impl State for Created {
     const PHASE: Option<weir_api::streamjob::Phase> = None;
 
     fn step(cx: &Cx, st: &mut StreamJobStatus) -> Step {
+        // Triggers already in the manifest are part of the first deploy, not
+        // requests: a restart or a savepoint right after it would surprise.
+        st.observed_savepoint_trigger = cx.job.spec.savepoint_trigger.clone();
+        st.observed_restart_trigger = cx.job.spec.restart_trigger.clone();
         if let Err(why) = &cx.validation {
             // Reported in status and an event; never a crash loop.
             st.last_failure = Some(Failure { time: Time(cx.now), reason: why.reason.into(), message: why.message.clone() });

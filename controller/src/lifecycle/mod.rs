@@ -14,6 +14,7 @@
 //! matters: a savepoint it already asked for is awaited, not taken twice.
 
 mod created;
+mod deadline;
 mod deleting;
 mod deploying;
 mod failed;
@@ -44,7 +45,7 @@ use crate::observe::Observed;
 use crate::spec_hash::spec_hash;
 
 pub use created::Created;
-pub use run::REFUSED_POD;
+pub use run::{CONTROL_REACH, REFUSED_POD};
 pub use deleting::Deleting;
 pub use deploying::Deploying;
 pub use failed::Failed;

@@ -28,16 +28,23 @@ pub const LATEST: &str = "latest";
 pub const RELAX_AVOIDANCE_AFTER: Duration = Duration::from_secs(10);
 
 /// Decides a new run of the current spec; its pods are created by [`advance`].
+/// A spec the operator refuses is never run: while it is refused (a pod
+/// failed under a refused change, a restart asked for), the new run keeps
+/// the spec of the run before it, which is what was deployed.
 pub(super) fn new_run(cx: &Cx, st: &mut StreamJobStatus, restore_from: Option<String>, not_before: Option<jiff::Timestamp>) {
     let number = st.run.as_ref().map(|r| r.number + 1).unwrap_or(1);
+    let (spec_hash, generation, workers) = match (&cx.validation, &st.run) {
+        (Err(_), Some(before)) => (before.spec_hash.clone(), before.generation, before.workers),
+        _ => (cx.spec_hash.clone(), cx.job.metadata.generation, cx.job.spec.parallelism.max(1)),
+    };
     let uid = cx.job.metadata.uid.as_deref().unwrap_or("local");
     let short: String = uid.chars().filter(|c| c.is_ascii_alphanumeric()).take(8).collect();
     st.run = Some(RunStatus {
         id: format!("{short}-{number}"),
         number,
-        spec_hash: cx.spec_hash.clone(),
-        generation: cx.job.metadata.generation,
-        workers: cx.job.spec.parallelism.max(1),
+        spec_hash,
+        generation,
+        workers,
         pods_created: false,
         not_before: not_before.map(Time),
         started_at: Time(cx.now),
@@ -51,6 +58,7 @@ pub(super) fn new_run(cx: &Cx, st: &mut StreamJobStatus, restore_from: Option<St
         avoid_nodes_relaxed: false,
         silent_pods: Vec::new(),
         coordinator_unreachable_since: None,
+        pods_created_at: None,
     });
 }
 
@@ -64,8 +72,8 @@ pub(super) enum Progress {
 /// The run is not up yet: what to do meanwhile.
 pub(super) struct Waiting {
     effects: Vec<Effect>,
-    message: String,
-    requeue: Duration,
+    pub(super) message: String,
+    pub(super) requeue: Duration,
     /// A Warning event (reason, message).
     warning: Option<(String, String)>,
     /// The Degraded condition (reason, message) while waiting.
@@ -90,8 +98,16 @@ impl Waiting {
     }
 }
 
-/// One step of bringing `status.run` up.
+/// One step of bringing `status.run` up, within `spec.deployTimeout`.
 pub(super) fn advance(cx: &Cx, st: &mut StreamJobStatus) -> Progress {
+    let progress = advance_run(cx, st);
+    super::deadline::bound(cx, st.run.as_ref(), progress)
+}
+
+fn advance_run(cx: &Cx, st: &mut StreamJobStatus) -> Progress {
+    if let Some(replaced) = take_current_spec(cx, st) {
+        return replaced;
+    }
     let Some(run) = st.run.as_mut() else {
         return Progress::Failed { reason: "NoRun".into(), message: "no run to deploy".into(), fatal: false };
     };
@@ -108,19 +124,9 @@ pub(super) fn advance(cx: &Cx, st: &mut StreamJobStatus) -> Progress {
         return refused(cx, run, r, mine);
     }
     if !run.pods_created {
-        if run.refusals > 0 {
-            // A refused run whose pods were never made can take the current
-            // spec: a fixed pod template is tried at once, not after the backoff.
-            if run.spec_hash != cx.spec_hash && cx.validation.is_ok() {
-                run.spec_hash = cx.spec_hash.clone();
-                run.generation = cx.job.metadata.generation;
-                run.workers = cx.job.spec.parallelism.max(1);
-                run.not_before = None;
-            }
-            if mine > 0 {
-                // Some pods were created before one was refused: gone before the next try.
-                return Waiting::new(vec![Effect::DeleteAllPods], format!("removing {mine} pod(s) of run {} created before the refusal", run.number), Duration::from_millis(500));
-            }
+        if run.refusals > 0 && mine > 0 {
+            // Some pods were created before one was refused: gone before the next try.
+            return Waiting::new(vec![Effect::DeleteAllPods], format!("removing {mine} pod(s) of run {} created before the refusal", run.number), Duration::from_millis(500));
         }
         if let Some(t) = &run.not_before {
             if t.0 > cx.now {
@@ -139,6 +145,7 @@ pub(super) fn advance(cx: &Cx, st: &mut StreamJobStatus) -> Progress {
             }
         }
         run.pods_created = true;
+        run.pods_created_at = Some(Time(cx.now));
         run.avoid_nodes = if run.avoid_nodes_relaxed { Vec::new() } else { cx.obs.abandoned_nodes(Some(&run.id)) };
         let from = run.restore_from.as_deref().map(|r| format!(", restoring from {r}")).unwrap_or_else(|| ", fresh start".into());
         let message = format!("creating {} worker pod(s) of run {}{from}", run.workers, run.number);
@@ -200,13 +207,82 @@ pub(super) fn advance(cx: &Cx, st: &mut StreamJobStatus) -> Progress {
             };
             let workers = ips.iter().map(|ip| SocketAddr::new(*ip, CONTROL_PORT)).collect();
             let phase = cx.obs.coordinator.as_ref().map(|c| c.phase.clone()).unwrap_or_else(|| "not answering yet".into());
-            Waiting::new(
-                vec![Effect::SendMembership { membership, workers }],
-                format!("workers of run {} joining (coordinator: {phase})", run.number),
-                Duration::from_millis(300),
-            )
+            let mut waiting = Waiting {
+                effects: vec![Effect::SendMembership { membership, workers }],
+                message: format!("workers of run {} joining (coordinator: {phase})", run.number),
+                requeue: Duration::from_millis(300),
+                warning: None,
+                degraded: None,
+            };
+            if let Some(why) = ips.first().and_then(|ip| unreachable_while_joining(cx, st, *ip)) {
+                waiting.message = format!("workers of run {} joining: {why}", run.number);
+                waiting.degraded = Some((CONTROL_UNREACHABLE.into(), why));
+            }
+            Progress::Waiting(waiting)
         }
     }
+}
+
+/// The Degraded reason while the operator cannot reach a joining run's
+/// worker 0 (a NetworkPolicy that denies the operator, a firewall).
+pub const CONTROL_UNREACHABLE: &str = "ControlEndpointUnreachable";
+
+/// What the operator must reach, said wherever it cannot.
+pub const CONTROL_REACH: &str = "the operator must be able to connect to port 6120 (control) of every worker pod: allow it in any NetworkPolicy that selects the workers (see the chart README, Ports and NetworkPolicy)";
+
+/// Whether the operator has failed to reach worker 0's control endpoint
+/// for longer than a worker takes to start listening, and if so why, in
+/// words: without it the workers never get their membership, and the run
+/// would sit joining until its deadline with no reason in status. The
+/// first failed attempt is recorded in `run.coordinatorUnreachableSince`.
+fn unreachable_while_joining(cx: &Cx, st: &mut StreamJobStatus, worker0: std::net::IpAddr) -> Option<String> {
+    let run = st.run.as_mut()?;
+    let since = match (&cx.obs.coordinator, &cx.obs.coordinator_error) {
+        (None, Some(_)) => Some(run.coordinator_unreachable_since.as_ref().map(|t| t.0).unwrap_or(cx.now)),
+        _ => None,
+    };
+    run.coordinator_unreachable_since = since.map(Time);
+    let since = since?;
+    let waited = Duration::try_from(cx.now.duration_since(since)).unwrap_or_default();
+    if waited < super::running::COORDINATOR_SILENCE_LIMIT {
+        return None;
+    }
+    let addr = SocketAddr::new(worker0, CONTROL_PORT);
+    let at = since.round(jiff::Unit::Second).unwrap_or(since);
+    let error = cx.obs.coordinator_error.clone().unwrap_or_default();
+    Some(format!("the operator cannot reach worker 0's control endpoint {addr} since {at} ({error}), so the workers get no membership; {CONTROL_REACH}"))
+}
+
+/// Runs and pods are decided from one spec. A run decided on an older spec
+/// whose workers have not started (no membership sent yet) takes the
+/// current spec when the operator accepts it: a run whose pods are not
+/// created yet is decided again in place (a fixed spec is tried at once,
+/// not after a backoff); one whose pods exist is replaced by a run of the
+/// current spec, since none of its workers has touched the job's state.
+/// Otherwise the run keeps its spec, and the reconciler builds its pods
+/// from that spec (the one `run.specHash` names), never from another.
+fn take_current_spec(cx: &Cx, st: &mut StreamJobStatus) -> Option<Progress> {
+    let run = st.run.as_mut()?;
+    if run.spec_hash == cx.spec_hash || cx.validation.is_err() {
+        return None;
+    }
+    if !run.pods_created {
+        run.spec_hash = cx.spec_hash.clone();
+        run.generation = cx.job.metadata.generation;
+        run.workers = cx.job.spec.parallelism.max(1);
+        run.not_before = None;
+        return None;
+    }
+    let finishing = cx.obs.pods.iter().any(|p| p.run.as_deref() == Some(run.id.as_str()) && p.state == crate::observe::PodState::Succeeded);
+    if finishing || !matches!(cx.obs.health(run), RunHealth::Starting { .. }) {
+        return None;
+    }
+    let number = run.number;
+    let restore = run.restore_from.clone();
+    new_run(cx, st, restore, None);
+    let generation = cx.job.metadata.generation.map(|g| format!(" (generation {g})")).unwrap_or_default();
+    let m = format!("the spec changed{generation} while run {number} was starting: its pods are replaced by run {} of the new spec", number + 1);
+    Some(Progress::Waiting(Waiting { effects: vec![Effect::DeleteOtherPods], message: m.clone(), requeue: Duration::from_millis(500), warning: Some(("RunReplaced".into(), m)), degraded: None }))
 }
 
 /// The API server refused to create the run's objects (Pod Security

@@ -54,8 +54,9 @@ impl State for Running {
                         let addr = std::net::SocketAddr::new(*ip, weir_api::control::CONTROL_PORT).to_string();
                         let why = cx.obs.coordinator_error.clone().unwrap_or_default();
                         let m = format!(
-                            "the operator could not reach the run's coordinator: {}; last error: {why}",
-                            weir_api::control::silence_message(0, &addr, silent.as_secs_f64())
+                            "the operator could not reach the run's coordinator: {}; last error: {why} (a lost node, or a network rule: {})",
+                            weir_api::control::silence_message(0, &addr, silent.as_secs_f64()),
+                            super::CONTROL_REACH
                         );
                         return after_failure::<Running>(cx, st, "CoordinatorUnreachable", &m, false);
                     }

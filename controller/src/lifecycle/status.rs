@@ -31,6 +31,11 @@ pub(super) fn finish(cx: &Cx, mut st: StreamJobStatus, before: Option<Phase>, st
         }
     }
     st.phase = next;
+    if next == Some(Phase::Failed) && before != Some(Phase::Failed) {
+        // What a newer generation is compared with: only a change made after
+        // the failure starts the job again (the Failed state).
+        st.failed_generation = cx.job.metadata.generation;
+    }
     if let Some(m) = step.message {
         st.message = Some(m);
     }

@@ -293,6 +293,15 @@ pub struct StreamJobSpec {
     /// How long to wait for a savepoint (upgrade, suspend, delete) before giving up on it.
     #[serde(default = "default_savepoint_timeout")]
     pub savepoint_timeout: HumanDuration,
+
+    /// How long a new run (first deploy, upgrade, recovery) may take to come up
+    /// (pods scheduled and started, every worker joined) before the job is
+    /// Failed with reason `DeployTimeout`: a volume claim that never binds, an
+    /// image that never arrives or workers the operator cannot reach are
+    /// reported, not waited for forever. Until then status says what the run
+    /// waits for and when the deadline is.
+    #[serde(default = "default_deploy_timeout")]
+    pub deploy_timeout: HumanDuration,
 }
 
 /// Accepted checkpoint storage locations: `file:///abs/path`, `s3://bucket/prefix`, or
@@ -461,6 +470,14 @@ fn default_true() -> bool {
 
 fn default_savepoint_timeout() -> HumanDuration {
     HumanDuration::from_millis(5 * 60_000)
+}
+
+/// Long enough for a large image pulled over a slow link and a volume
+/// attached by a cloud provider; short enough that a stuck job is noticed.
+pub const DEFAULT_DEPLOY_TIMEOUT_MS: u64 = 10 * 60_000;
+
+fn default_deploy_timeout() -> HumanDuration {
+    HumanDuration::from_millis(DEFAULT_DEPLOY_TIMEOUT_MS)
 }
 
 // Same defaults as the pipeline format, so that a job behaves the same under `weir run`.

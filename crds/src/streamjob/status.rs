@@ -137,6 +137,12 @@ pub struct StreamJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure: Option<Failure>,
 
+    /// The metadata.generation the job had when it became Failed: any newer
+    /// generation (a fixed spec, also one pushed during the last recovery)
+    /// starts it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_generation: Option<i64>,
+
     /// Pods of earlier runs that did not go away when deleted (their node is
     /// lost or cut off, their processes frozen). New runs do not wait for
     /// them: the run fence in the job's storage keeps them from completing a
@@ -228,6 +234,10 @@ pub struct RunStatus {
     /// Set before the pods are created: from then on a missing pod is a failure.
     #[serde(default)]
     pub pods_created: bool,
+    /// When the pods were (last) created: with spec.deployTimeout this bounds
+    /// the wait for the run to come up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods_created_at: Option<Time>,
     /// The pods are not created before this time (restart backoff).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_before: Option<Time>,

@@ -211,6 +211,12 @@ impl StreamJobSpec {
                 ),
             ));
         }
+        if self.deploy_timeout.is_zero() {
+            return Err(spec_invalid(
+                "deployTimeout",
+                "expected a duration above 0, such as 10m",
+            ));
+        }
         if self.savepoint_timeout.is_zero() {
             return Err(spec_invalid(
                 "savepointTimeout",

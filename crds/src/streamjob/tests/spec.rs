@@ -76,6 +76,7 @@ fn defaults_apply_to_what_the_manifest_does_not_write() {
     assert!(spec.savepoint_on_delete);
     assert!(!spec.allow_non_restored_state);
     assert_eq!(spec.savepoint_timeout.to_string(), "5m");
+    assert_eq!(spec.deploy_timeout.to_string(), "10m");
     assert_eq!(
         (
             spec.guarantee,
@@ -308,6 +309,23 @@ fn restart_backoff_initial_above_max_is_refused() {
         err.contains("restartBackoff.initial: 2m is above restartBackoff.max 1m"),
         "{err}"
     );
+}
+
+#[test]
+fn a_deploy_timeout_of_zero_is_refused_naming_the_field() {
+    let job = parse(&with(minimal(), "/spec/deployTimeout", json!("0s")));
+    let err = job.spec.validate().unwrap_err().to_string();
+    assert!(err.contains("deployTimeout: expected a duration above 0"), "{err}");
+    let job = parse(&with(minimal(), "/spec/deployTimeout", json!("90s")));
+    assert_eq!(job.spec.deploy_timeout.get(), std::time::Duration::from_secs(90));
+    assert!(job.spec.validate().is_ok());
+}
+
+#[test]
+fn a_deploy_timeout_that_is_no_duration_is_refused_naming_the_field() {
+    let value = with(minimal(), "/spec/deployTimeout", json!("ten minutes"));
+    let err = serde_json::from_value::<StreamJob>(value).unwrap_err().to_string();
+    assert!(err.contains("deployTimeout") || err.contains("is not a duration"), "{err}");
 }
 
 #[test]
