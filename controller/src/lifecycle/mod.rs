@@ -190,9 +190,23 @@ pub struct Cx<'a> {
     pub now: Timestamp,
     /// Hash of the current spec's pod-shaping fields.
     pub spec_hash: String,
-    /// The spec's validation: the pipeline's guarantee and what sets it, or
-    /// why it cannot run.
-    pub validation: Result<(weir_api::Guarantee, String), Refusal>,
+    /// The spec's validation: what its pipeline promises and how it runs,
+    /// or why it cannot run.
+    pub validation: Result<Validated, Refusal>,
+}
+
+/// What a valid spec's pipeline promises and how it runs.
+#[derive(Debug, Clone)]
+pub struct Validated {
+    /// What the job promises: the weakest guarantee of its sinks.
+    pub guarantee: weir_api::Guarantee,
+    /// What sets it, in words.
+    pub reason: String,
+    /// The sink that sets it, when the sinks get different ones.
+    pub decided_by: Option<String>,
+    /// What the job runs at: the strongest guarantee of its sinks
+    /// (at-most-once only when every sink is: then no checkpoints).
+    pub runtime: weir_api::Guarantee,
 }
 
 /// The outcome of one reconcile's decision.
@@ -243,7 +257,7 @@ pub fn decide(job: &StreamJob, obs: &Observed, settings: &WorkerSettings) -> Dec
 /// Everything checked before a job's pods are created: the spec and its
 /// pipeline (what `weir run` checks, plus what CEL cannot), then what the
 /// pods need ([`desired::check`]: a worker image, shared storage).
-pub fn validate(job: &StreamJob, settings: &WorkerSettings) -> Result<(weir_api::Guarantee, String), Refusal> {
+pub fn validate(job: &StreamJob, settings: &WorkerSettings) -> Result<Validated, Refusal> {
     let pipeline = job.spec.validate().map_err(|e| Refusal::invalid(e.to_string()))?;
     // What the runtime does not run yet (joins; see runtime/design/graphs.md
     // §6) is refused here, once, rather than by every worker of every run
@@ -251,7 +265,8 @@ pub fn validate(job: &StreamJob, settings: &WorkerSettings) -> Result<(weir_api:
     let graph = pipeline.runnable_graph().map_err(|e| Refusal::invalid(format!("{}: {e}", weir_api::streamjob::PIPELINE_ERROR_NAME)))?;
     let sinks: Vec<&weir_api::SinkSpec> = graph.sinks.iter().map(|s| &s.spec).collect();
     desired::check(job, &sinks, settings)?;
-    Ok(pipeline.guarantee_and_reason())
+    let (guarantee, reason) = pipeline.guarantee_and_reason();
+    Ok(Validated { guarantee, reason, decided_by: pipeline.guarantee_decided_by(), runtime: pipeline.runtime_guarantee() })
 }
 
 /// Deletion can start in any state; the move is still checked per state.

@@ -75,7 +75,7 @@ impl State for Running {
         // while the job is stuck (a wedged subtask, storage that hangs).
         let mut stalling = None;
         // An at-most-once job takes no checkpoints: nothing to watch.
-        let takes_checkpoints = !matches!(cx.validation, Ok((weir_api::Guarantee::AtMostOnce, _)));
+        let takes_checkpoints = !cx.validation.as_ref().is_ok_and(|v| v.runtime == weir_api::Guarantee::AtMostOnce);
         if let Some(limit) = spec.checkpoint.progress_limit().filter(|_| takes_checkpoints) {
             let since = st.last_checkpoint.as_ref().map(|c| c.time.0).filter(|t| *t > run.started_at.0).unwrap_or(run.started_at.0);
             let stalled = Duration::try_from(cx.now.duration_since(since)).unwrap_or_default();

@@ -39,9 +39,10 @@ pub(super) fn finish(cx: &Cx, mut st: StreamJobStatus, before: Option<Phase>, st
     if let Some(m) = step.message {
         st.message = Some(m);
     }
-    if let Ok((g, why)) = &cx.validation {
-        st.guarantee = Some(*g);
-        st.guarantee_reason = Some(why.clone());
+    if let Ok(v) = &cx.validation {
+        st.guarantee = Some(v.guarantee);
+        st.guarantee_reason = Some(v.reason.clone());
+        st.guarantee_decided_by = v.decided_by.clone();
     }
     // The status judges the generation just read: kubectl wait and Argo CD
     // take a condition at an older observedGeneration as not yet judged.

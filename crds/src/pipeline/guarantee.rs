@@ -97,6 +97,19 @@ impl PipelineSpec {
             .collect()
     }
 
+    /// The sink that decides the job's guarantee when its sinks get
+    /// different ones: the first by name of those at the weakest. `None`
+    /// for one sink, or several that all get the same.
+    pub fn guarantee_decided_by(&self) -> Option<String> {
+        let mut sinks = self.sink_guarantees();
+        let weakest = sinks.iter().map(|(_, g)| *g).min()?;
+        if sinks.iter().all(|(_, g)| *g == weakest) {
+            return None;
+        }
+        sinks.sort();
+        sinks.into_iter().find(|(_, g)| *g == weakest).map(|(name, _)| name)
+    }
+
     /// The guarantee the job runs at: the strongest any sink gets.
     /// Checkpoints are aligned when some sink is exactly-once, and the job
     /// runs without checkpoints (at-most-once) only when every sink is

@@ -95,6 +95,11 @@ pub struct StreamJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guarantee_reason: Option<String>,
 
+    /// The sink whose guarantee is the job's, when its sinks get different
+    /// ones (a job promises its weakest sink's; each sink keeps its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guarantee_decided_by: Option<String>,
+
     /// The latest completed checkpoint, as reported by the job's coordinator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_checkpoint: Option<CheckpointRef>,

@@ -142,13 +142,16 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
 
     let workers = opts.workers.unwrap_or(spec.parallelism).clamp(1, spec.parallelism);
     let (guarantee, why) = spec.guarantee_and_reason();
+    // Checkpoints are what the strongest sink needs; a weaker side sink
+    // (several sinks) lowers what the job promises, not how it runs.
+    let runtime = spec.runtime_guarantee();
     eprintln!(
         "running `{}`: parallelism {}, {} worker process{}, {}, guarantee {}{}",
         spec.name,
         spec.parallelism,
         workers,
         if workers == 1 { "" } else { "es" },
-        match (spec.checkpoint.mode, guarantee) {
+        match (spec.checkpoint.mode, runtime) {
             (_, weir_api::Guarantee::AtMostOnce) => format!(
                 "no checkpoints (sinks publish every {})",
                 spec.checkpoint.interval

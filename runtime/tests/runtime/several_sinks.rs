@@ -79,7 +79,8 @@ fn a_stdout_sink_beside_a_file_sink_makes_the_job_at_least_once_and_the_file_sta
     let out = run_with_worker_kills(&job, 2, |_| {});
     let err = stderr(&out);
     assert!(err.contains("guarantee at-least-once"), "{err}");
-    assert!(err.contains("aligned checkpoints"), "the file sink still needs aligned checkpoints:\n{err}");
+    assert!(err.contains(", aligned checkpoints every 150ms, guarantee at-least-once"), "the file sink still needs aligned checkpoints:\n{err}");
+    assert!(err.contains("the stdout sink `copy` is at-least-once"), "the reason names the sink that decides it:\n{err}");
     job.assert_exactly_once();
 }
 

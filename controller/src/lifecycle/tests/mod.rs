@@ -1349,3 +1349,28 @@ fn a_socket_source_job_shows_at_most_once_and_why_in_its_status() {
     let why = st.guarantee_reason.unwrap();
     assert!(why.contains("socket source cannot replay"), "{why}");
 }
+
+/// A job with several sinks promises its weakest sink's guarantee and its
+/// status names that sink; it still takes checkpoints for the others.
+#[test]
+fn a_job_with_a_stdout_sink_beside_a_file_sink_names_the_sink_that_decides_its_guarantee() {
+    let job = JobBuilder::new("j")
+        .spec(|s| {
+            s.pipeline.0 = serde_json::json!({
+                "name": "j",
+                "sources": {"events": {"generator": {"events": 1000, "keys": 10}}},
+                "steps": [{"name": "keyed", "input": "events", "key_by": "key"}, {"name": "counts", "input": "keyed", "running_count": "count"}],
+                "sinks": {
+                    "files": {"input": "counts", "file": {"path": "out", "format": "jsonl"}},
+                    "debug": {"input": "counts", "stdout": {}},
+                },
+            });
+        })
+        .build();
+    let w = World::running(job);
+    let st = w.job.status.clone().unwrap();
+    assert_eq!(st.guarantee, Some(weir_api::Guarantee::AtLeastOnce));
+    assert_eq!(st.guarantee_decided_by.as_deref(), Some("debug"));
+    let why = st.guarantee_reason.unwrap();
+    assert!(why.contains("stdout sink `debug`"), "{why}");
+}

@@ -472,7 +472,8 @@ fn each_sink_gets_the_guarantee_of_what_is_upstream_of_it_and_the_job_runs_at_th
         "the socket is upstream of `raw` only"
     );
     assert_eq!(spec.guarantee(), Guarantee::AtMostOnce, "the job promises the weakest");
+    assert_eq!(spec.guarantee_decided_by().as_deref(), Some("raw"));
     assert_eq!(spec.runtime_guarantee(), Guarantee::ExactlyOnce, "and runs at the strongest: `files` stays exactly-once");
     let one = parse("name: c\nsource: {generator: {}}\nsink: {stdout: {}}\n").unwrap();
-    assert_eq!((one.guarantee(), one.runtime_guarantee()), (Guarantee::AtLeastOnce, Guarantee::AtLeastOnce));
+    assert_eq!((one.guarantee(), one.runtime_guarantee(), one.guarantee_decided_by()), (Guarantee::AtLeastOnce, Guarantee::AtLeastOnce, None));
 }
