@@ -451,7 +451,7 @@ fn api_requests(bench: &Bench) -> Result<BTreeMap<String, (u64, f64)>> {
     let mut out: BTreeMap<String, (u64, f64)> = BTreeMap::new();
     for s in m.samples.iter() {
         let counter = s.name == "apiserver_request_total";
-        if !counter && !(s.name == "apiserver_request_duration_seconds_sum") {
+        if !counter && s.name != "apiserver_request_duration_seconds_sum" {
             continue;
         }
         let l = |k: &str| s.labels.get(k).cloned().unwrap_or_default();

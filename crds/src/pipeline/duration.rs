@@ -39,7 +39,7 @@ impl HumanDuration {
             "" => return Err(format!("`{text}` has no unit: expected ms, s, m or h, e.g. {value}s")),
             other => return Err(format!("`{text}` has an unknown unit `{other}`: expected ms, s, m or h")),
         };
-        if !ms.is_finite() || ms < 0.0 || ms > 1e12 {
+        if !ms.is_finite() || !(0.0..=1e12).contains(&ms) {
             return Err(format!("`{text}` is out of range"));
         }
         Ok(HumanDuration(Duration::from_micros((ms * 1e3) as u64)))
@@ -49,11 +49,11 @@ impl HumanDuration {
 impl fmt::Display for HumanDuration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = self.0.as_millis();
-        if ms % 3_600_000 == 0 && ms > 0 {
+        if ms.is_multiple_of(3_600_000) && ms > 0 {
             write!(f, "{}h", ms / 3_600_000)
-        } else if ms % 60_000 == 0 && ms > 0 {
+        } else if ms.is_multiple_of(60_000) && ms > 0 {
             write!(f, "{}m", ms / 60_000)
-        } else if ms % 1000 == 0 {
+        } else if ms.is_multiple_of(1000) {
             write!(f, "{}s", ms / 1000)
         } else {
             write!(f, "{ms}ms")

@@ -163,6 +163,7 @@ pub enum RunEnd {
 /// retained snapshot references. Retention may have retired, during the
 /// run, the snapshots that protected an earlier run's leftovers; a job that
 /// is never resumed must not keep them.
+#[allow(clippy::too_many_arguments)]
 pub async fn clean_up_after_end(spec: &SinkSpec, scope: &SinkScope, job: &str, run_id: &str, end: RunEnd, keep: &HashSet<String>, base_dir: &Path, storage: &CheckpointStorage) -> Result<()> {
     let log = storage.dir(&scope.log_dir());
     match spec {

@@ -36,11 +36,14 @@ use crate::plan::{EdgeKind, JobPlan, StageOutput};
 pub(super) type ChannelKey = (usize, usize, u32, u32);
 pub(super) type Routes = HashMap<ChannelKey, mpsc::Sender<Message>>;
 
+/// A gate's channels, each with the stage input it belongs to.
+pub(super) type GateChannels = Vec<(usize, mpsc::Receiver<Message>)>;
+
 /// The receiving ends of every hosted subtask's inputs, and the sending
 /// ends, split by whether the upstream subtask is on this worker.
 pub(super) struct Inputs {
     /// (stage, subtask) → its channels, each with its stage input, input 0's first.
-    pub gates: HashMap<(usize, u32), Vec<(usize, mpsc::Receiver<Message>)>>,
+    pub gates: HashMap<(usize, u32), GateChannels>,
     pub local: Routes,
     pub remote: Routes,
 }

@@ -221,3 +221,33 @@ fn a_union_under_an_alignment_timeout_turns_unaligned_under_backpressure_and_kee
     });
     job.assert_exactly_once();
 }
+
+#[test]
+fn a_broadcasts_records_in_flight_restore_at_their_parallelism_and_are_refused_at_another() {
+    let (parallelism, events) = (2u32, 60_000i64);
+    let yaml = format!(
+        "name: eo-test\nparallelism: {parallelism}\ncheckpoint:\n  interval: 150ms\n  mode: unaligned\n\
+         sources:\n  a: {{generator: {{events: {events}, keys: 10, rate: 0, batch_size: 256}}}}\n\
+         steps:\n  - {{name: everywhere, input: a, broadcast: {{}}}}\n  - {{name: kept, input: everywhere, filter: \"seq >= 0\"}}\n\
+         sinks:\n  out:\n    input: kept\n    file: {{path: out/eo, format: jsonl, guarantee: exactly-once}}\n"
+    );
+    let mut job = Job::with_pipeline(&yaml, events as u64, 10);
+    job.env.push(("WEIR_SLOW_STAGE".into(), "1:10ms".into()));
+    kill_once_the_latest_checkpoint_holds(&job, &[], "2", &["in-flight-1-"]);
+    // Each subtask had processed a prefix of its own copy: no other
+    // parallelism can take the copies, and the restore says so.
+    let out = wait_with_timeout(job.spawn(&["--restore", "latest", "--parallelism", "3"]), Duration::from_secs(60));
+    let err = stderr(&out);
+    assert!(!out.status.success(), "a broadcast's records in flight restored at another parallelism:\n{err}");
+    assert!(err.contains("on a broadcast edge (`in-flight-1`)") && err.contains("restore at parallelism 2 or from a savepoint"), "{err}");
+    // Refused, not lost: at its own parallelism every record reaches every subtask once.
+    let out = wait_with_timeout(job.spawn(&["--restore", "latest"]), Duration::from_secs(240));
+    assert!(out.status.success(), "the restore at parallelism 2 failed:\n{}", stderr(&out));
+    let mut copies: std::collections::BTreeMap<i64, u32> = std::collections::BTreeMap::new();
+    for line in job.committed_lines() {
+        *copies.entry(line["seq"].as_i64().expect("seq")).or_default() += 1;
+    }
+    assert_eq!(copies.len() as i64, events, "committed {} distinct seqs of {events}", copies.len());
+    let wrong: Vec<_> = copies.iter().filter(|(_, n)| **n != parallelism).take(5).collect();
+    assert!(wrong.is_empty(), "seqs committed other than {parallelism} times (seq, times): {wrong:?}");
+}
