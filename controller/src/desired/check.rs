@@ -54,25 +54,7 @@ pub fn check(job: &StreamJob, sinks: &[&SinkSpec], settings: &WorkerSettings) ->
             message: "no worker image: set spec.image (or the image of a container named worker in spec.podTemplate), or install the operator with a default worker image (the chart's workerImage, --default-worker-image)".into(),
         });
     }
-    let run = RunStatus {
-        id: "check".into(),
-        number: 1,
-        spec_hash: String::new(),
-        generation: None,
-        restore_from: None,
-        workers: 1,
-        pods_created: false,
-        not_before: None,
-        started_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
-        refusals: 0,
-        last_refusal: None,
-        expect_state: false,
-        avoid_nodes: Vec::new(),
-        avoid_nodes_relaxed: false,
-        silent_pods: Vec::new(),
-        coordinator_unreachable_since: None,
-        pods_created_at: None,
-    };
+    let run = RunStatus::decided("check".into(), 1, String::new(), 1, k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH));
     let pod = worker_pod(job, &run, 0, settings).map_err(|e| Refusal::invalid(e.to_string()))?;
     let storage = &job.spec.checkpoint.storage;
     if let Some(dir) = local_path(&state_dir(job)) {

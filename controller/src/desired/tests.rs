@@ -6,25 +6,7 @@ use super::*;
 use crate::testing::JobBuilder;
 
 fn run(restore: Option<&str>) -> RunStatus {
-    RunStatus {
-        id: "01234567-3".into(),
-        number: 3,
-        spec_hash: "h".into(),
-        generation: None,
-        restore_from: restore.map(String::from),
-        workers: 2,
-        pods_created: false,
-        not_before: None,
-        started_at: Time(jiff::Timestamp::UNIX_EPOCH),
-        refusals: 0,
-        last_refusal: None,
-        expect_state: false,
-        avoid_nodes: Vec::new(),
-        avoid_nodes_relaxed: false,
-        silent_pods: Vec::new(),
-        coordinator_unreachable_since: None,
-        pods_created_at: None,
-    }
+    RunStatus { restore_from: restore.map(String::from), ..RunStatus::decided("01234567-3".into(), 3, "h".into(), 2, Time(jiff::Timestamp::UNIX_EPOCH)) }
 }
 
 fn settings() -> WorkerSettings {

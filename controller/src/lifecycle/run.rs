@@ -40,25 +40,13 @@ pub(super) fn new_run(cx: &Cx, st: &mut StreamJobStatus, restore_from: Option<St
     let uid = cx.job.metadata.uid.as_deref().unwrap_or("local");
     let short: String = uid.chars().filter(|c| c.is_ascii_alphanumeric()).take(8).collect();
     st.run = Some(RunStatus {
-        id: format!("{short}-{number}"),
-        number,
-        spec_hash,
         generation,
-        workers,
-        pods_created: false,
         not_before: not_before.map(Time),
-        started_at: Time(cx.now),
-        refusals: 0,
-        last_refusal: None,
         // Once a checkpoint completed, `latest` finding no state at all means
         // the storage was lost or is the wrong one, not a first start.
         expect_state: restore_from.as_deref() == Some(LATEST) && st.last_checkpoint.is_some(),
         restore_from,
-        avoid_nodes: Vec::new(),
-        avoid_nodes_relaxed: false,
-        silent_pods: Vec::new(),
-        coordinator_unreachable_since: None,
-        pods_created_at: None,
+        ..RunStatus::decided(format!("{short}-{number}"), number, spec_hash, workers, Time(cx.now))
     });
 }
 

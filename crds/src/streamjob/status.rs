@@ -287,6 +287,32 @@ pub struct RunStatus {
     pub coordinator_unreachable_since: Option<Time>,
 }
 
+impl RunStatus {
+    /// A run just decided: nothing of it happened yet (no pods, refusals,
+    /// avoided nodes or silences). The caller sets what it knows beyond that.
+    pub fn decided(id: String, number: i64, spec_hash: String, workers: i32, started_at: Time) -> RunStatus {
+        RunStatus {
+            id,
+            number,
+            spec_hash,
+            generation: None,
+            restore_from: None,
+            workers,
+            pods_created: false,
+            pods_created_at: None,
+            not_before: None,
+            started_at,
+            refusals: 0,
+            last_refusal: None,
+            expect_state: false,
+            avoid_nodes: Vec::new(),
+            avoid_nodes_relaxed: false,
+            silent_pods: Vec::new(),
+            coordinator_unreachable_since: None,
+        }
+    }
+}
+
 fn is_zero(n: &i32) -> bool {
     *n == 0
 }

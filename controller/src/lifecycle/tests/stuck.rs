@@ -53,25 +53,7 @@ fn current_hash(w: &World) -> String {
 #[test]
 fn the_deploy_deadline_counts_from_the_creation_of_the_pods_not_from_the_decision() {
     let w = World::new(JobBuilder::new("j").build());
-    let mut r = RunStatus {
-        id: "r".into(),
-        number: 1,
-        spec_hash: "h".into(),
-        generation: Some(1),
-        restore_from: None,
-        workers: 1,
-        pods_created: false,
-        pods_created_at: None,
-        not_before: None,
-        started_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(w.now),
-        refusals: 0,
-        last_refusal: None,
-        expect_state: false,
-        avoid_nodes: Vec::new(),
-        avoid_nodes_relaxed: false,
-        silent_pods: Vec::new(),
-        coordinator_unreachable_since: None,
-    };
+    let mut r = RunStatus { generation: Some(1), ..RunStatus::decided("r".into(), 1, "h".into(), 1, k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(w.now)) };
     let minute = Duration::from_secs(60);
     assert_eq!(deadline(&r, minute), None, "a backoff, old pods going, an operator down: no deploy time yet");
     let created = w.now.checked_add(Duration::from_secs(30)).unwrap();
