@@ -1,10 +1,14 @@
-//! Operators chained inside a stage: filter, select and keyed running
-//! aggregates. An operator turns one record batch into at most one record
-//! batch; the stateful ones also snapshot and restore their state by key group.
+//! Operators chained inside a stage: filter, select, keyed running
+//! aggregates, windows and joins. An operator turns one record batch into at
+//! most one record batch; the stateful ones also snapshot and restore their
+//! state by key group. A join, the first operator of its stage, is told
+//! which input each batch came from.
 //!
 //! Operators do not know about barriers, channels or storage: the subtask
 //! loop calls `snapshot` at the aligned barrier and writes what it returns.
 
+mod join;
+mod restored_watermarks;
 mod running;
 mod window;
 
@@ -16,6 +20,7 @@ use datafusion_common::DataFusionError;
 use crate::error::{Error, Result};
 use crate::plan::{CompiledExpr, OperatorKind, OperatorPlan};
 
+pub use join::IntervalJoin;
 pub use running::RunningAggregate;
 pub use window::WindowAggregate;
 
@@ -46,6 +51,7 @@ pub enum Operator {
     Select { id: String, step: String, exprs: Vec<CompiledExpr>, schema: SchemaRef },
     Running(RunningAggregate),
     Window(WindowAggregate),
+    IntervalJoin(IntervalJoin),
 }
 
 impl Operator {
@@ -79,6 +85,15 @@ impl Operator {
                 parallelism,
                 max_parallelism,
             )?),
+            OperatorKind::IntervalJoin(j) => Operator::IntervalJoin(IntervalJoin::new(
+                plan.id.clone(),
+                plan.step.clone(),
+                j,
+                plan.output_schema.clone(),
+                subtask,
+                parallelism,
+                max_parallelism,
+            )?),
         })
     }
 
@@ -87,6 +102,16 @@ impl Operator {
             Operator::Filter { id, .. } | Operator::Select { id, .. } => id,
             Operator::Running(r) => r.id(),
             Operator::Window(w) => w.id(),
+            Operator::IntervalJoin(j) => j.id(),
+        }
+    }
+
+    /// Processes one batch of the stage's input `input`: only a join tells
+    /// its inputs apart, every other operator reads them as one stream.
+    pub fn process_input(&mut self, input: usize, batch: RecordBatch) -> Result<Option<RecordBatch>> {
+        match self {
+            Operator::IntervalJoin(j) => j.process(input, batch),
+            _ => self.process(batch),
         }
     }
 
@@ -112,6 +137,7 @@ impl Operator {
             }
             Operator::Running(r) => r.process(batch).map(Some),
             Operator::Window(w) => w.process(batch),
+            Operator::IntervalJoin(j) => j.process(0, batch),
         }
     }
 
@@ -119,7 +145,18 @@ impl Operator {
     pub fn on_watermark(&mut self, watermark: i64) -> Result<Option<RecordBatch>> {
         match self {
             Operator::Window(w) => w.on_watermark(watermark),
+            Operator::IntervalJoin(j) => j.on_watermark(watermark),
             _ => Ok(None),
+        }
+    }
+
+    /// The watermark the operator passes on when its input's is
+    /// `watermark`: the same, except for a join that outputs records
+    /// behind it (see `join/interval.rs`).
+    pub fn output_watermark(&self, watermark: i64) -> i64 {
+        match self {
+            Operator::IntervalJoin(j) => j.output_watermark(watermark),
+            _ => watermark,
         }
     }
 
@@ -127,6 +164,7 @@ impl Operator {
     pub fn take_late(&mut self) -> u64 {
         match self {
             Operator::Window(w) => w.take_late(),
+            Operator::IntervalJoin(j) => j.take_late(),
             _ => 0,
         }
     }
@@ -140,18 +178,32 @@ impl Operator {
         }
     }
 
-    /// Whether the operator keeps keyed state in checkpoints.
-    pub fn is_stateful(&self) -> bool {
-        matches!(self, Operator::Running(_) | Operator::Window(_))
+    /// The ids the operator keeps keyed state under in checkpoints (none
+    /// when stateless; a join keeps one per side).
+    pub fn state_ids(&self) -> Vec<String> {
+        match self {
+            Operator::Running(r) => vec![r.id().to_string()],
+            Operator::Window(w) => vec![w.id().to_string()],
+            Operator::IntervalJoin(j) => j.state_ids().to_vec(),
+            Operator::Filter { .. } | Operator::Select { .. } => Vec::new(),
+        }
     }
 
-    /// A copy of the keyed state, taken at the barrier; `None` when stateless.
-    pub fn snapshot(&self) -> Result<Option<StateCopy>> {
-        match self {
-            Operator::Running(r) => r.copy_changed_after(None).map(Some),
-            Operator::Window(w) => w.snapshot().map(|b| Some(StateCopy::ready(b))),
-            _ => Ok(None),
-        }
+    /// Copies of the keyed state, taken at the barrier, under their ids.
+    pub fn snapshot(&self) -> Result<Vec<(String, StateCopy)>> {
+        Ok(match self {
+            Operator::Running(r) => vec![(r.id().to_string(), r.copy_changed_after(None)?)],
+            Operator::Window(w) => vec![(w.id().to_string(), StateCopy::ready(w.snapshot()?))],
+            Operator::IntervalJoin(j) => j
+                .snapshot()
+                .into_iter()
+                .map(|(id, copy)| {
+                    let context = format!("{id} ({})", j.id());
+                    (id, StateCopy::deferred(move || copy.into_batch(&context)))
+                })
+                .collect(),
+            Operator::Filter { .. } | Operator::Select { .. } => Vec::new(),
+        })
     }
 
     /// Whether the operator can snapshot only what changed. Running
@@ -174,13 +226,15 @@ impl Operator {
         }
     }
 
-    /// Loads the part of a restored state batch this subtask owns; `changes`
-    /// for an incremental snapshot applied over the ones before it.
-    pub fn restore(&mut self, batch: &RecordBatch, location: &str, changes: bool) -> Result<()> {
+    /// Loads the part of a restored state batch, kept under `state_id` (one
+    /// of [`Self::state_ids`]), that this subtask owns; `changes` for an
+    /// incremental snapshot applied over the ones before it.
+    pub fn restore(&mut self, state_id: &str, batch: &RecordBatch, location: &str, changes: bool) -> Result<()> {
         match self {
             Operator::Running(r) => r.restore(batch, location, changes),
             Operator::Window(w) => w.restore(batch, location),
-            _ => Ok(()),
+            Operator::IntervalJoin(j) => j.restore(state_id, batch, location),
+            Operator::Filter { .. } | Operator::Select { .. } => Ok(()),
         }
     }
 }

@@ -37,12 +37,11 @@ use crate::error::{Error, Result};
 use crate::key_group::{groups_of_subtask, key_groups};
 use crate::plan::{WindowFn, WindowPlan};
 
-mod restored_watermarks;
-use restored_watermarks::RestoredWatermarks;
+use super::restored_watermarks::{self, RestoredWatermarks};
 
 type FastMap<K, V> = HashMap<K, V, ahash::RandomState>;
 
-const WATERMARK_KEY: &str = "weir.watermark";
+use super::restored_watermarks::WATERMARK_KEY;
 
 /// One aggregate's accumulator. Sums and counts of int64 are checked.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -9,7 +9,7 @@ use std::fmt::Write;
 
 use arrow::datatypes::Schema;
 
-use super::{AggFn, EdgeKind, JobPlan, OperatorKind, OperatorPlan, StageInput, StageOutput, StagePlan, WindowFn, WindowPlan};
+use super::{AggFn, EdgeKind, JobPlan, JoinSide, OperatorKind, OperatorPlan, StageInput, StageOutput, StagePlan, WindowFn, WindowPlan};
 
 impl JobPlan {
     /// The plan as text, stable for a given pipeline.
@@ -80,6 +80,8 @@ impl JobPlan {
                 return;
             }
         }
+        // A join reads its inputs apart, each of its own schema.
+        let apart = stage.operators.first().is_some_and(|o| o.kind.reads_inputs_apart());
         let inputs: Vec<String> = stage
             .inputs
             .iter()
@@ -89,10 +91,17 @@ impl JobPlan {
                     EdgeKind::Forward => "forward".into(),
                     EdgeKind::Broadcast => "broadcast".into(),
                 };
-                format!("stage {} {how}", input.from_stage)
+                match apart {
+                    true => format!("stage {} {how} {}", input.from_stage, fields(&input.schema)),
+                    false => format!("stage {} {how}", input.from_stage),
+                }
             })
             .collect();
-        let _ = writeln!(out, "stage {i} (`{}`) reads {} {}", stage.name, inputs.join(" and "), fields(&stage.input_schema));
+        match apart {
+            true => writeln!(out, "stage {i} (`{}`) reads {}", stage.name, inputs.join(" and ")),
+            false => writeln!(out, "stage {i} (`{}`) reads {} {}", stage.name, inputs.join(" and "), fields(&stage.input_schema)),
+        }
+        .ok();
     }
 }
 
@@ -114,6 +123,21 @@ fn operator(op: &OperatorPlan, input: &Schema) -> String {
             format!("running {f}{of} per [{}]", columns(input, &r.key_indices))
         }
         OperatorKind::Window(w) => window(w, input),
+        OperatorKind::IntervalJoin(j) => {
+            let keys = |side: &JoinSide| columns(&side.schema, &side.key_indices);
+            format!(
+                "interval join{} on [{}] = [{}], {}.{} in [{}.{} {:+} ms, {:+} ms]",
+                if j.left_outer { " (left outer)" } else { "" },
+                keys(&j.left),
+                keys(&j.right),
+                j.right.name,
+                column(&j.right.schema, j.right.time_index),
+                j.left.name,
+                column(&j.left.schema, j.left.time_index),
+                j.lower_ms,
+                j.upper_ms
+            )
+        }
     }
 }
 

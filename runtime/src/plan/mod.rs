@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 mod describe;
 #[cfg(test)]
 mod golden;
+mod joins;
 mod stages;
 mod steps;
 
@@ -141,6 +142,55 @@ pub enum OperatorKind {
     Select(Vec<CompiledExpr>),
     Running(RunningPlan),
     Window(WindowPlan),
+    /// The first operator of its stage: it reads the stage's two inputs
+    /// (left, right) apart.
+    IntervalJoin(IntervalJoinPlan),
+}
+
+impl OperatorKind {
+    /// Whether the operator reads its stage's inputs apart (a join), rather
+    /// than one stream that a union merged.
+    pub fn reads_inputs_apart(&self) -> bool {
+        matches!(self, OperatorKind::IntervalJoin(_))
+    }
+}
+
+impl OperatorPlan {
+    /// The ids the operator keeps state under in checkpoints: its own for
+    /// an aggregate, one per side for a join (`<id>.left`, `<id>.right`;
+    /// node names cannot hold a `.`, so these never clash with another
+    /// node's), none when stateless.
+    pub fn state_ids(&self) -> Vec<String> {
+        match &self.kind {
+            OperatorKind::Running(_) | OperatorKind::Window(_) => vec![self.id.clone()],
+            OperatorKind::IntervalJoin(_) => vec![format!("{}.left", self.id), format!("{}.right", self.id)],
+            OperatorKind::Filter(_) | OperatorKind::Select(_) => Vec::new(),
+        }
+    }
+}
+
+/// One input of a join: its records' schema, the key columns it is
+/// partitioned and matched by, and its event-time column.
+#[derive(Clone, Debug)]
+pub struct JoinSide {
+    /// The input's node, as the output's renamed fields and errors name it.
+    pub name: String,
+    pub schema: SchemaRef,
+    pub key_indices: Vec<usize>,
+    pub time_index: usize,
+}
+
+/// Pairs of a left and a right record of one key with `right.t` in
+/// `[left.t + lower_ms, left.t + upper_ms]`.
+#[derive(Clone, Debug)]
+pub struct IntervalJoinPlan {
+    pub left: JoinSide,
+    pub right: JoinSide,
+    pub lower_ms: i64,
+    pub upper_ms: i64,
+    /// A left record that found no right one is output with null right
+    /// fields once its interval has passed.
+    pub left_outer: bool,
 }
 
 /// A window function over one column (none for count).
@@ -265,9 +315,7 @@ impl JobPlan {
         ids.extend(self.stages.iter().flat_map(|s| (0..s.inputs.len()).map(|k| channel_state_id(s.index, k))));
         for s in &self.stages {
             for o in &s.operators {
-                if matches!(o.kind, OperatorKind::Running(_) | OperatorKind::Window(_)) {
-                    ids.push(o.id.clone());
-                }
+                ids.extend(o.state_ids());
                 if let OperatorKind::Window(WindowPlan { late_records: Some(_), .. }) = &o.kind {
                     ids.push(late_records_id(&o.id));
                 }

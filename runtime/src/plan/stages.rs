@@ -6,7 +6,8 @@
 //! edge. A key_by or a broadcast is no operator: it is the kind of edge its
 //! readers get (hash or broadcast), so each of them starts a stage. A union
 //! starts a stage that reads every input; its gate merges them, so it has
-//! no operator either. The sink ends its input's stage as a chained step
+//! no operator either. A join starts a stage reading both inputs over hash
+//! edges on their keys, and is its first operator. The sink ends its input's stage as a chained step
 //! would, or gets a stage of its own.
 //!
 //! A chain has no fan-out and no union, so it is cut exactly as before
@@ -21,8 +22,10 @@ use std::sync::Arc;
 
 use arrow::datatypes::{Field, Schema, SchemaRef};
 use weir_api::pipeline::{Node, NodeRef, PipelineGraph, PipelineSource, SourceNode};
+use weir_api::pipeline::IntervalJoinSpec;
 use weir_api::{SinkSpec, StepKind};
 
+use super::joins;
 use super::steps::{self, StepAt, Stream};
 use super::{
     plan_event_time, source_schema, EdgeKind, OperatorPlan, OutEdge, SinkPlan, SourcePlan, StageInput,
@@ -129,6 +132,7 @@ impl<'a> Cutting<'a> {
                 }
             }
             StepKind::Union => self.union(node)?,
+            StepKind::IntervalJoin(spec) => self.interval_join(node, spec, at)?,
             kind => {
                 let (stage, mut stream) = self.chained(&node.name, input(node)?)?;
                 let op = steps::plan_operator(&mut stream, kind, at)?;
@@ -220,6 +224,32 @@ impl<'a> Cutting<'a> {
         };
         let stage = self.open(&node.name, None, inputs, schema);
         Ok(Output::Tail { stage, stream })
+    }
+
+    /// A join starts a stage that reads its two inputs over hash edges on
+    /// their key fields, so that records of one key meet in one subtask;
+    /// the join is that stage's first operator.
+    fn interval_join(&mut self, node: &'a Node<StepKind>, spec: &IntervalJoinSpec, at: StepAt) -> Result<Output> {
+        let [left, right] = node.inputs.as_slice() else {
+            return Err(Error::Job(format!("{}: `{}` was planned with {} inputs instead of two: was the pipeline checked?", node.path, node.name, node.inputs.len())));
+        };
+        let (from_left, left_kind, left_stream) = self.edge_from(left)?;
+        let (from_right, right_kind, right_stream) = self.edge_from(right)?;
+        if left_kind != EdgeKind::Forward || right_kind != EdgeKind::Forward {
+            return Err(Error::Job(format!("{}: `{}` reads a key_by or a broadcast: was the pipeline checked?", node.path, node.name)));
+        }
+        let inputs = joins::Inputs { join: &node.name, left: (left, &left_stream), right: (right, &right_stream) };
+        let planned = joins::plan_interval_join(inputs, spec, at)?;
+        let schema = left_stream.schema.clone();
+        let edges = vec![
+            (from_left, EdgeKind::Hash { key_indices: planned.left_keys }, left_stream, self.edge_id(left, &node.name)),
+            (from_right, EdgeKind::Hash { key_indices: planned.right_keys }, right_stream, self.edge_id(right, &node.name)),
+        ];
+        let stage = self.open(&node.name, None, edges, schema);
+        let building = &mut self.stages[stage];
+        building.output_schema = planned.operator.output_schema.clone();
+        building.operators.push(planned.operator);
+        Ok(Output::Tail { stage, stream: planned.output })
     }
 
     /// The stage a one-input node runs in: its input's, when it is the

@@ -37,8 +37,13 @@ pub(super) struct StepAt<'a> {
 }
 
 impl StepAt<'_> {
-    fn invalid(&self, msg: String) -> Error {
+    pub(super) fn invalid(&self, msg: String) -> Error {
         Error::Pipeline(self.src.invalid(&self.field, msg))
+    }
+
+    /// An error at a field under the step's (`steps[0].interval_join.on[1]`).
+    pub(super) fn invalid_at(&self, sub: &str, msg: String) -> Error {
+        Error::Pipeline(self.src.invalid(&format!("{}.{sub}", self.field), msg))
     }
 
     fn operator(self, kind: OperatorKind, output_schema: &SchemaRef) -> OperatorPlan {

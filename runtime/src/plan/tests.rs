@@ -56,9 +56,51 @@ fn aggregating_a_string_field_is_rejected_with_the_type() {
 
 #[test]
 fn the_joins_not_planned_yet_are_refused_naming_the_field() {
-    let text = "name: t\nsources:\n  a: {generator: {}, event_time: {field: value}}\n  b: {generator: {}, event_time: {field: value}}\nsteps:\n  - {name: j, input: [a, b], interval_join: {on: [key], between: {lower: 0s, upper: 1s}}}\nsinks:\n  out: {input: j, blackhole: {}}\n";
+    let text = "name: t\nsources:\n  a: {generator: {}, event_time: {field: value}}\n  b: {generator: {}, event_time: {field: value}}\nsteps:\n  - {name: j, input: [a, b], window_join: {on: [key], tumbling: 1s}}\nsinks:\n  out: {input: j, blackhole: {}}\n";
     let err = plan_text(text).err().map(|e| e.to_string());
-    assert_eq!(err.as_deref(), Some("p.yaml:6: steps[0].interval_join: `j`: interval_join steps are not supported yet"));
+    assert_eq!(err.as_deref(), Some("p.yaml:6: steps[0].window_join: `j`: window_join steps are not supported yet"));
+}
+
+/// Two file sources with event time, joined by `join` (a YAML map).
+fn join_text(a: &str, b: &str, join: &str) -> String {
+    format!(
+        "name: t\nsources:\n  orders:\n    file: {{path: o, schema: {{{a}}}}}\n    event_time: {{field: ts}}\n  payments:\n    file: {{path: p, schema: {{{b}}}}}\n    event_time: {{field: ts}}\nsteps:\n  - {{name: matched, input: [orders, payments], interval_join: {join}}}\nsinks:\n  out: {{input: matched, blackhole: {{}}}}\n"
+    )
+}
+
+#[test]
+fn an_interval_join_reads_both_inputs_by_hash_on_their_keys_and_renames_the_right_fields_that_clash() {
+    let text = join_text("id: int64, amount: float64, ts: int64", "order: int64, ts: int64, payments_x: string", "{on: id, right_on: order, between: {lower: 0s, upper: 1h}, type: left_outer}");
+    let p = plan_text(&text).unwrap();
+    let join = &p.stages[2];
+    assert_eq!(join.inputs.iter().map(|i| (i.from_stage, i.edge.clone())).collect::<Vec<_>>(), [(0, EdgeKind::Hash { key_indices: vec![0] }), (1, EdgeKind::Hash { key_indices: vec![0] })]);
+    let fields: Vec<String> = join.output_schema.fields().iter().map(|f| format!("{}{}", f.name(), if f.is_nullable() { "?" } else { "" })).collect();
+    assert_eq!(fields, ["id?", "amount?", "ts?", "order?", "payments_ts?", "payments_x?"]);
+    assert!(p.stateful_operator_ids().contains(&"matched.left".to_string()) && p.stateful_operator_ids().contains(&"matched.right".to_string()));
+    let described = p.describe();
+    assert!(described.contains("stage 2 (`matched`) reads stage 0 by hash [id] (id Int64?, amount Float64?, ts Int64?) and stage 1 by hash [order] (order Int64?"), "{described}");
+    assert!(described.contains("interval join (left outer) on [id] = [order], payments.ts in [orders.ts +0 ms, +3600000 ms]"), "{described}");
+}
+
+#[test]
+fn interval_join_errors_name_the_field_and_say_what_was_expected() {
+    let err = |a: &str, b: &str, join: &str| plan_text(&join_text(a, b, join)).err().map(|e| e.to_string()).unwrap_or_default();
+    let between = "between: {lower: 0s, upper: 1s}";
+    assert_eq!(
+        err("id: int64, ts: int64", "id: string, ts: int64", &format!("{{on: id, {between}}}")),
+        "p.yaml:10: steps[0].interval_join.on[0]: `matched`: `id` is int64 in `orders` but `id` is string in `payments`: join keys must have one type"
+    );
+    assert_eq!(
+        err("id: int64, ts: int64", "order: int64, ts: int64", &format!("{{on: id, {between}}}")),
+        "p.yaml:10: steps[0].interval_join.on[0]: `matched`: `payments` has no field `id`: expected one of order, ts"
+    );
+    assert_eq!(
+        err("id: int64, ts: int64, payments_ts: int64", "id: int64, ts: int64", &format!("{{on: id, {between}}}")),
+        "p.yaml:10: steps[0].interval_join: `matched`: right field `ts` would become `payments_ts`, which is taken: select it under another name before the join"
+    );
+    let untimed = "name: t\nsources:\n  a: {generator: {}, event_time: {field: value}}\n  b: {generator: {}}\nsteps:\n  - {name: j, input: [a, b], interval_join: {on: key, between: {lower: 0s, upper: 1s}}}\nsinks:\n  out: {input: j, blackhole: {}}\n";
+    let e = plan_text(untimed).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(e.starts_with("p.yaml:6: steps[0].interval_join: `j` works by event time, but it reads the source `b`, which has none"), "{e}");
 }
 
 #[test]

@@ -377,8 +377,10 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
                         gate = gate.with_restored(r.in_flight_batches(&plan, stage_index, j).await?);
                     }
                     // A union may merge inputs whose fields differ only in
-                    // whether they may be null.
-                    let relabel = stage.inputs.iter().any(|i| i.schema.fields() != stage.input_schema.fields()).then(|| stage.input_schema.clone());
+                    // whether they may be null; a join reads each as it is.
+                    let apart = stage.operators.first().is_some_and(|o| o.kind.reads_inputs_apart());
+                    let differ = stage.inputs.iter().any(|i| i.schema.fields() != stage.input_schema.fields());
+                    let relabel = (differ && !apart).then(|| stage.input_schema.clone());
                     Input::Gate(gate, relabel)
                 }
             };
@@ -387,9 +389,11 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
             let mut schema = stage.input_schema.clone();
             for (k, op_plan) in stage.operators.iter().enumerate() {
                 let mut op = Operator::new(op_plan, &schema, j, p, max_p)?;
-                if let (Some(r), true) = (&restored, op.is_stateful()) {
-                    for (batch, changes) in r.keyed_batches(op_plan.id.as_str(), j, p).await? {
-                        op.restore(&batch, &r.location.display, changes)?;
+                if let Some(r) = &restored {
+                    for state_id in op.state_ids() {
+                        for (batch, changes) in r.keyed_batches(&state_id, j, p).await? {
+                            op.restore(&state_id, &batch, &r.location.display, changes)?;
+                        }
                     }
                 }
                 if let OperatorKind::Window(WindowPlan { late_records: Some(output), .. }) = &op_plan.kind {

@@ -248,7 +248,8 @@ pub struct Subtask {
 }
 
 enum Event {
-    Batch(RecordBatch),
+    /// A batch of the stage's input `.0` (always 0 for a source).
+    Batch(usize, RecordBatch),
     /// A sink commit that was in flight is done.
     SinkCommitted,
     Barrier(Barrier),
@@ -300,12 +301,12 @@ impl Subtask {
         loop {
             let ev = self.next_event(&mut source_done, paused, input_ended, flush_at).await?;
             match ev {
-                Event::Batch(b) => {
+                Event::Batch(input, b) => {
                     let watermark = match (&mut self.clock, &self.input) {
                         (Some(c), Input::Source { reader, .. }) => c.after(&b, reader.last_batch_splits(), &reader.active_splits()),
                         _ => None,
                     };
-                    self.process(b).await?;
+                    self.process(input, b).await?;
                     if let Some(w) = watermark {
                         self.on_watermark(w).await?;
                     }
@@ -439,14 +440,15 @@ impl Subtask {
             }
             match input {
                 Input::Gate(g, schema) => Ok(match g.next().await? {
-                    // Every operator so far reads all of a stage's inputs
-                    // alike (a union's share one schema); joins will not.
-                    GateEvent::Batch(_input, b) => match schema {
+                    // A union's inputs share one schema; a join reads each
+                    // of its own (and is told which input a batch is of).
+                    GateEvent::Batch(input, b) => match schema {
                         Some(schema) => Event::Batch(
+                            input,
                             RecordBatch::try_new(schema.clone(), b.columns().to_vec())
                                 .map_err(|e| Error::Job(format!("a union's input does not fit its schema: {e}")))?,
                         ),
-                        None => Event::Batch(b),
+                        None => Event::Batch(input, b),
                     },
                     GateEvent::Barrier(b) => Event::Barrier(b),
                     GateEvent::UnalignedBarrier(b, in_flight) => {
@@ -466,7 +468,7 @@ impl Subtask {
                     }
                     if let Some(ahead) = ahead {
                         let wait = match read_ahead(reader, ahead, counters).await? {
-                            Poll::Batch(b) => return Ok(Event::Batch(b)),
+                            Poll::Batch(b) => return Ok(Event::Batch(0, b)),
                             Poll::Finished => {
                                 *source_done = true;
                                 return Ok(Event::SourceFinished);
@@ -481,7 +483,7 @@ impl Subtask {
                     let polled = reader.poll();
                     counters.records_skipped.fetch_add(reader.take_skipped(), Ordering::Relaxed);
                     match polled? {
-                        Poll::Batch(b) => Ok(Event::Batch(b)),
+                        Poll::Batch(b) => Ok(Event::Batch(0, b)),
                         Poll::Finished => {
                             *source_done = true;
                             Ok(Event::SourceFinished)
@@ -518,7 +520,7 @@ impl Subtask {
         }
     }
 
-    async fn process(&mut self, batch: RecordBatch) -> Result<()> {
+    async fn process(&mut self, input: usize, batch: RecordBatch) -> Result<()> {
         if let Input::Source { .. } = self.input {
             self.counters.records_in.fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
         }
@@ -528,15 +530,16 @@ impl Subtask {
         if let Some(d) = crate::fault::slow_stage(self.stage) {
             tokio::time::sleep(d).await;
         }
-        self.emit_from(0, batch).await
+        self.emit_from(0, input, batch).await
     }
 
-    /// Runs `batch` through the operators from `first` on, then out.
-    async fn emit_from(&mut self, first: usize, batch: RecordBatch) -> Result<()> {
+    /// Runs `batch` through the operators from `first` on, then out; the
+    /// first of them hears which stage input `input` it came from.
+    async fn emit_from(&mut self, first: usize, input: usize, batch: RecordBatch) -> Result<()> {
         let mut current = Some(batch);
-        for op in &mut self.operators[first..] {
+        for (k, op) in self.operators[first..].iter_mut().enumerate() {
             let Some(b) = current.take() else { break };
-            current = op.process(b)?;
+            current = if k == 0 { op.process_input(input, b)? } else { op.process(b)? };
         }
         let late: u64 = self.operators.iter_mut().map(|op| op.take_late()).sum();
         if late > 0 {
@@ -607,17 +610,15 @@ impl Subtask {
                         if let Some((copy, generation)) = op.snapshot_changed_after(if full { None } else { chain.covered })? {
                             changes.push(Changes { op: op.id().to_string(), copy, full, generation, chain });
                         }
-                    } else if let Some(copy) = op.snapshot()? {
-                        keyed.push((op.id().to_string(), copy));
+                    } else {
+                        keyed.extend(op.snapshot()?);
                     }
                 }
                 chains = Some(Chains { book: inc.clone(), dir: self.storage.dir(crate::checkpoint::storage::SHARED_DIR) });
             }
             _ => {
                 for op in &self.operators {
-                    if let Some(copy) = op.snapshot()? {
-                        keyed.push((op.id().to_string(), copy));
-                    }
+                    keyed.extend(op.snapshot()?);
                 }
             }
         }
@@ -666,12 +667,15 @@ impl Subtask {
     }
 
     /// The watermark grew: each operator in turn fires what it completes
-    /// (the results go through the operators after it), then it moves on.
+    /// (the results go through the operators after it), then it moves on,
+    /// as each operator passes it on (a join holds it back).
     async fn on_watermark(&mut self, watermark: i64) -> Result<()> {
+        let mut watermark = watermark;
         for k in 0..self.operators.len() {
             if let Some(fired) = self.operators[k].on_watermark(watermark)? {
-                self.emit_from(k + 1, fired).await?;
+                self.emit_from(k + 1, 0, fired).await?;
             }
+            watermark = self.operators[k].output_watermark(watermark);
         }
         self.forward(|| Message::Watermark(watermark)).await
     }

@@ -11,6 +11,7 @@ mod bad_input;
 mod exactly_once;
 mod graphs;
 mod guarantees;
+mod joins;
 mod incremental;
 mod kafka;
 mod kafka_security;

@@ -39,7 +39,7 @@ fn checkpoints_with_records_in_flight(job: &Job) -> usize {
     dirs.flatten().filter(|d| holds_records_in_flight(&d.path())).count()
 }
 
-fn latest_holds(job: &Job, states: &[&str]) -> bool {
+pub fn latest_holds(job: &Job, states: &[&str]) -> bool {
     job.latest().is_some_and(|latest| holds_states(std::path::Path::new(latest.trim_start_matches("file://")), states))
 }
 
@@ -84,7 +84,7 @@ fn kill_once_the_latest_checkpoint_holds_records_in_flight(job: &Job, first: &[&
 }
 
 /// As above, once the latest checkpoint holds a file of each of `states`.
-fn kill_once_the_latest_checkpoint_holds(job: &Job, first: &[&str], parallelism: &str, states: &[&str]) {
+pub fn kill_once_the_latest_checkpoint_holds(job: &Job, first: &[&str], parallelism: &str, states: &[&str]) {
     let again = ["--restore", "latest", "--parallelism", parallelism];
     for attempt in 0..5 {
         let child = job.spawn(if attempt == 0 { first } else { &again });

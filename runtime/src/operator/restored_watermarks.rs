@@ -1,5 +1,7 @@
 //! The watermark each key group had reached before a restore.
 //!
+//! Windows and joins by time both keep it.
+//!
 //! At an aligned barrier every subtask of a window stage holds the same
 //! watermark, but an unaligned barrier overtakes records and watermarks, so
 //! the subtasks' snapshots may hold different ones, and the in-flight
@@ -19,7 +21,10 @@
 
 use std::ops::RangeInclusive;
 
-/// Schema metadata of a window snapshot: each key group's watermark.
+/// Schema metadata of a window's or join's snapshot: the subtask's watermark.
+pub(super) const WATERMARK_KEY: &str = "weir.watermark";
+
+/// Schema metadata of a window's or join's snapshot: each key group's watermark.
 pub(super) const KEY: &str = "weir.key_group_watermarks";
 
 /// Per key group of this subtask, the watermark restored for it; empty

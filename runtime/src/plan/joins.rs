@@ -1,0 +1,146 @@
+//! Planners of the steps that read two streams: which fields each side is
+//! partitioned and matched by, where each side's event time is, and the
+//! output's fields (runtime/design/graphs.md §4.4).
+//!
+//! The output holds the left fields in order, then the right ones. A right
+//! field whose name the output already has is renamed `<right input>_<field>`;
+//! when that name is taken too, planning fails and says to rename the field
+//! before the join. The output is keyed by the left key fields (records of
+//! one key meet in one subtask, so a keyed step may read it without a
+//! key_by) and carries event time in the left's field.
+//!
+//! Like `steps.rs`, this knows the streams in front of the step and nothing
+//! of stages.
+
+use std::sync::Arc;
+
+use arrow::datatypes::{DataType, Field, Schema};
+use weir_api::pipeline::{IntervalJoinSpec, IntervalJoinType};
+
+use super::steps::{StepAt, Stream};
+use super::{names, IntervalJoinPlan, JoinSide, OperatorKind, OperatorPlan};
+use crate::error::Result;
+use crate::key_group::is_key_type;
+
+/// The two inputs of a join as the planner sees them (node name and
+/// stream), and the join's own name, which starts every message.
+pub(super) struct Inputs<'a> {
+    pub join: &'a str,
+    pub left: (&'a str, &'a Stream),
+    pub right: (&'a str, &'a Stream),
+}
+
+/// A planned join: its operator, its output, and the key columns each
+/// input is hash-partitioned by.
+pub(super) struct PlannedJoin {
+    pub operator: OperatorPlan,
+    pub output: Stream,
+    pub left_keys: Vec<usize>,
+    pub right_keys: Vec<usize>,
+}
+
+pub(super) fn plan_interval_join(inputs: Inputs, spec: &IntervalJoinSpec, at: StepAt) -> Result<PlannedJoin> {
+    let right_on = spec.right_on.as_deref().unwrap_or(&spec.on);
+    let (left_keys, right_keys) = join_keys(&inputs, &spec.on, right_on, spec.right_on.is_some(), &at)?;
+    let left_outer = spec.join_type == IntervalJoinType::LeftOuter;
+    let left = side(inputs.join, inputs.left, left_keys.clone(), &at)?;
+    let right = side(inputs.join, inputs.right, right_keys.clone(), &at)?;
+    let schema = joined_schema(&inputs, left_outer, &at)?;
+    let output = Stream {
+        schema: schema.clone(),
+        keys: Some(spec.on.clone()),
+        event_time: inputs.left.1.event_time.clone(),
+    };
+    let plan = IntervalJoinPlan {
+        left,
+        right,
+        lower_ms: spec.between.lower.millis(),
+        upper_ms: spec.between.upper.millis(),
+        left_outer,
+    };
+    let operator = OperatorPlan { id: at.id, step: at.field, kind: OperatorKind::IntervalJoin(plan), output_schema: schema };
+    Ok(PlannedJoin { operator, output, left_keys, right_keys })
+}
+
+/// The key columns of each side, pairwise of one type that hashes into key
+/// groups (so that equal keys of both sides meet in one subtask).
+fn join_keys(inputs: &Inputs, on: &[String], right_on: &[String], right_written: bool, at: &StepAt) -> Result<(Vec<usize>, Vec<usize>)> {
+    let (left_name, left) = inputs.left;
+    let (right_name, right) = inputs.right;
+    let who = format!("`{}`: ", inputs.join);
+    let mut out = (Vec::new(), Vec::new());
+    for (i, (l, r)) in on.iter().zip(right_on).enumerate() {
+        let (li, lf) = left
+            .schema
+            .column_with_name(l)
+            .ok_or_else(|| at.invalid_at(&format!("on[{i}]"), format!("{who}`{left_name}` has no field `{l}`: expected one of {}", names(&left.schema))))?;
+        let right_field = if right_written { format!("right_on[{i}]") } else { format!("on[{i}]") };
+        let (ri, rf) = right
+            .schema
+            .column_with_name(r)
+            .ok_or_else(|| at.invalid_at(&right_field, format!("{who}`{right_name}` has no field `{r}`: expected one of {}", names(&right.schema))))?;
+        if lf.data_type() != rf.data_type() {
+            return Err(at.invalid_at(
+                &format!("on[{i}]"),
+                format!("{who}`{l}` is {} in `{left_name}` but `{r}` is {} in `{right_name}`: join keys must have one type", user_type(lf.data_type()), user_type(rf.data_type())),
+            ));
+        }
+        if !is_key_type(lf.data_type()) {
+            return Err(at.invalid_at(&format!("on[{i}]"), format!("{who}cannot join on `{l}` of type {}: expected int64, float64, string or boolean", user_type(lf.data_type()))));
+        }
+        out.0.push(li);
+        out.1.push(ri);
+    }
+    Ok(out)
+}
+
+/// One input as the join operator reads it; joins by time need its event time.
+fn side(join: &str, (name, stream): (&str, &Stream), key_indices: Vec<usize>, at: &StepAt) -> Result<JoinSide> {
+    let Some(field) = &stream.event_time else {
+        return Err(at.invalid(format!(
+            "`{join}`: `{name}` has no event time: a join by time needs it on both inputs (give the sources it reads an `event_time`)"
+        )));
+    };
+    let (time_index, _) = stream.schema.column_with_name(field).ok_or_else(|| {
+        at.invalid(format!("`{join}`: `{name}` no longer has its event-time field `{field}` (a select dropped it): keep it to join by time"))
+    })?;
+    Ok(JoinSide { name: name.to_string(), schema: stream.schema.clone(), key_indices, time_index })
+}
+
+/// The left fields, then the right ones renamed where they clash (and
+/// nullable in a left outer join).
+fn joined_schema(inputs: &Inputs, right_nullable: bool, at: &StepAt) -> Result<Arc<Schema>> {
+    let (right_name, right) = inputs.right;
+    let mut fields: Vec<Field> = inputs.left.1.schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+    for f in right.schema.fields() {
+        let taken = |name: &str, fields: &[Field]| fields.iter().any(|g| g.name() == name);
+        let mut field = f.as_ref().clone();
+        if taken(f.name(), &fields) {
+            let renamed = format!("{right_name}_{}", f.name());
+            if taken(&renamed, &fields) || right.schema.column_with_name(&renamed).is_some() {
+                return Err(at.invalid(format!(
+                    "`{}`: right field `{}` would become `{renamed}`, which is taken: select it under another name before the join",
+                    inputs.join,
+                    f.name()
+                )));
+            }
+            field = field.with_name(renamed);
+        }
+        if right_nullable {
+            field = field.with_nullable(true);
+        }
+        fields.push(field);
+    }
+    Ok(Arc::new(Schema::new(fields)))
+}
+
+/// A type as pipelines write it (`int64`, `string`).
+fn user_type(t: &DataType) -> String {
+    match t {
+        DataType::Int64 => "int64".into(),
+        DataType::Float64 => "float64".into(),
+        DataType::Utf8 => "string".into(),
+        DataType::Boolean => "boolean".into(),
+        other => other.to_string(),
+    }
+}

@@ -1,0 +1,163 @@
+//! Joins of two streams (runtime/design/graphs.md §4) under worker kills,
+//! whole-tree kills with a rescaled restore, and unaligned checkpoints.
+//! The committed output is checked against a nested loop over the input
+//! files the test wrote (the join's definition), never against another
+//! weir run: every expected pair exactly once, nothing else.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::common::*;
+use crate::unaligned::kill_once_the_latest_checkpoint_holds;
+
+/// An order: (seq, id, ts). A payment: (pseq, order, ts).
+type Row = (i64, i64, i64);
+
+/// Orders and the payments of some of them, as a shop's two topics would
+/// hold them: an order every 2 ms on one of `ids` ids (so an id comes back
+/// far outside any interval), paid zero to two times around its time, each
+/// input written out of order by up to 50 ms over `files` files.
+struct Inputs {
+    orders: Vec<Row>,
+    payments: Vec<Row>,
+}
+
+impl Inputs {
+    fn new(seed: u64, orders: i64, ids: i64) -> Inputs {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let orders: Vec<Row> = (0..orders).map(|seq| (seq, seq % ids, 1_000_000 + seq * 2 + rng.random_range(0..20))).collect();
+        let mut payments = Vec::new();
+        for &(_, id, ts) in &orders {
+            for _ in 0..rng.random_range(0..3) {
+                payments.push((payments.len() as i64, id, ts + rng.random_range(-30..60)));
+            }
+        }
+        Inputs { orders, payments }
+    }
+
+    /// Writes each input as JSON lines in `files` files of consecutive
+    /// time ranges (a subtask of the file source reads its files one after
+    /// the other, in name order), each file out of order by up to 50 ms.
+    fn write(&self, job: &Job, files: usize) {
+        let mut rng = StdRng::seed_from_u64(7);
+        for (dir, rows, fields) in [("in/orders", &self.orders, ["seq", "id", "ts"]), ("in/payments", &self.payments, ["pseq", "order", "ts"])] {
+            std::fs::create_dir_all(job.path(dir)).unwrap();
+            let mut by_time: Vec<&Row> = rows.iter().collect();
+            by_time.sort_by_key(|r| r.2);
+            for (k, part) in by_time.chunks(by_time.len().div_ceil(files)).enumerate() {
+                let mut lines: Vec<(i64, String)> = part
+                    .iter()
+                    .map(|r| (r.2 - rng.random_range(0..=50), format!("{{\"{}\": {}, \"{}\": {}, \"{}\": {}}}", fields[0], r.0, fields[1], r.1, fields[2], r.2)))
+                    .collect();
+                lines.sort();
+                let text: String = lines.into_iter().map(|(_, l)| l + "\n").collect();
+                std::fs::write(job.path(&format!("{dir}/part-{k}.jsonl")), text).unwrap();
+            }
+        }
+    }
+
+    /// The interval join by its definition: every (order, payment) of one
+    /// id with `payment.ts ∈ [order.ts + lower, order.ts + upper]`, and
+    /// with `left_outer` every order without one (payment `None`).
+    fn nested_loop(&self, lower: i64, upper: i64, left_outer: bool) -> BTreeMap<(i64, Option<i64>), u32> {
+        let mut by_id: HashMap<i64, Vec<&Row>> = HashMap::new();
+        for p in &self.payments {
+            by_id.entry(p.1).or_default().push(p);
+        }
+        let mut out = BTreeMap::new();
+        for o in &self.orders {
+            let mut found = false;
+            for p in by_id.get(&o.1).into_iter().flatten() {
+                if p.2 >= o.2 + lower && p.2 <= o.2 + upper {
+                    *out.entry((o.0, Some(p.0))).or_insert(0) += 1;
+                    found = true;
+                }
+            }
+            if left_outer && !found {
+                *out.entry((o.0, None)).or_insert(0) += 1;
+            }
+        }
+        out
+    }
+}
+
+/// The job: both inputs with event time (out of order by at most 100 ms),
+/// joined into `matched` and written exactly once to `out/eo`. The join's
+/// stage (2) is slowed by `slow` per batch so that the job outlives its kills.
+fn interval_join_job(parallelism: u32, inputs: &Inputs, join: &str, checkpoint: &str, slow: &str) -> Job {
+    let source = |dir: &str, schema: &str| {
+        format!("    file: {{path: {dir}, schema: {{{schema}}}, batch_size: 100}}\n    event_time: {{field: ts, max_out_of_orderness: 100ms}}\n")
+    };
+    let yaml = format!(
+        "name: eo-test\nparallelism: {parallelism}\ncheckpoint:\n  interval: 150ms\n{checkpoint}\
+         sources:\n  orders:\n{}  payments:\n{}\
+         steps:\n  - {{name: matched, input: [orders, payments], interval_join: {join}}}\n\
+         sinks:\n  out:\n    input: matched\n    file: {{path: out/eo, format: jsonl, guarantee: exactly-once}}\n",
+        source("in/orders", "seq: int64, id: int64, ts: int64"),
+        source("in/payments", "pseq: int64, order: int64, ts: int64"),
+    );
+    let mut job = Job::with_pipeline(&yaml, 0, 0);
+    inputs.write(&job, 4);
+    job.env.push(("WEIR_SLOW_STAGE".into(), format!("2:{slow}")));
+    job
+}
+
+/// Checks the committed output against `expected`: each line's fields are
+/// the order's and the payment's (the payment's `ts` renamed), and every
+/// expected pair is there once, nothing else.
+fn assert_output(job: &Job, inputs: &Inputs, expected: &BTreeMap<(i64, Option<i64>), u32>) {
+    let mut got: BTreeMap<(i64, Option<i64>), u32> = BTreeMap::new();
+    for l in job.committed_lines() {
+        let seq = l["seq"].as_i64().unwrap_or_else(|| panic!("no seq in {l}"));
+        let order = inputs.orders[seq as usize];
+        assert_eq!((l["id"].as_i64(), l["ts"].as_i64()), (Some(order.1), Some(order.2)), "{l}");
+        let pseq = l["pseq"].as_i64();
+        if let Some(p) = pseq {
+            let payment = inputs.payments[p as usize];
+            assert_eq!((l["order"].as_i64(), l["payments_ts"].as_i64()), (Some(payment.1), Some(payment.2)), "{l}");
+        } else {
+            assert!(l["order"].is_null() && l["payments_ts"].is_null(), "an unmatched order has null payment fields: {l}");
+        }
+        *got.entry((seq, pseq)).or_insert(0) += 1;
+    }
+    let twice: Vec<_> = got.iter().filter(|(_, n)| **n > 1).take(5).collect();
+    assert!(twice.is_empty(), "pairs committed more than once (pair, times): {twice:?}");
+    let missing: Vec<_> = expected.keys().filter(|k| !got.contains_key(k)).take(5).collect();
+    let extra: Vec<_> = got.keys().filter(|k| !expected.contains_key(k)).take(5).collect();
+    assert!(missing.is_empty() && extra.is_empty(), "{} pairs expected, {} committed; missing {missing:?}, extra {extra:?}", expected.len(), got.len());
+}
+
+#[test]
+fn an_interval_join_outputs_every_pair_once_under_worker_kills() {
+    let inputs = Inputs::new(1, 24_000, 500);
+    let (lower, upper) = (-10, 40);
+    let job = interval_join_job(2, &inputs, "{on: id, right_on: order, between: {lower: -10ms, upper: 40ms}}", "", "15ms");
+    let out = run_with_worker_kills(&job, 4, |_| {});
+    assert!(stderr(&out).contains("restarting"), "no restart was reported:\n{}", stderr(&out));
+    let expected = inputs.nested_loop(lower, upper, false);
+    assert!(expected.len() > 10_000, "the input pairs too little to prove anything: {}", expected.len());
+    assert_output(&job, &inputs, &expected);
+}
+
+#[test]
+fn a_left_outer_interval_join_restores_after_whole_tree_kills_at_another_parallelism() {
+    let inputs = Inputs::new(2, 24_000, 500);
+    let job = interval_join_job(2, &inputs, "{on: id, right_on: order, between: {lower: 0s, upper: 30ms}, type: left_outer}", "", "20ms");
+    kill_trees_then_restore_latest(&job, 500..1000, Some("3"));
+    let expected = inputs.nested_loop(0, 30, true);
+    assert!(expected.keys().filter(|(_, p)| p.is_none()).count() > 1000, "too few orders unmatched to prove the outer part");
+    assert_output(&job, &inputs, &expected);
+}
+
+#[test]
+fn an_interval_join_under_unaligned_checkpoints_keeps_both_inputs_records_in_flight_and_restores_them_at_another_parallelism() {
+    let inputs = Inputs::new(3, 24_000, 500);
+    let job = interval_join_job(3, &inputs, "{on: id, right_on: order, between: {lower: -20ms, upper: 20ms}, type: left_outer}", "  mode: unaligned\n", "10ms");
+    kill_once_the_latest_checkpoint_holds(&job, &[], "3", &["in-flight-2-", "in-flight-2.1-", "matched.left-", "matched.right-"]);
+    let out = wait_with_timeout(job.spawn(&["--restore", "latest", "--parallelism", "2"]), Duration::from_secs(240));
+    assert!(out.status.success(), "the rescaled run failed:\n{}", stderr(&out));
+    assert_output(&job, &inputs, &inputs.nested_loop(-20, 20, true));
+}
