@@ -7,6 +7,7 @@
 //! Operators do not know about barriers, channels or storage: the subtask
 //! loop calls `snapshot` at the aligned barrier and writes what it returns.
 
+mod assign;
 mod join;
 mod restored_watermarks;
 mod running;

@@ -31,6 +31,7 @@ use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Float64Builder, Int64
 use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema, SchemaRef, UInt32Type};
 use arrow::row::{RowConverter, SortField};
 
+use super::assign::{fixed_windows, session_of, WindowKey};
 use super::record_json;
 use super::running::{canonical_keys, describe};
 use crate::error::{Error, Result};
@@ -53,8 +54,6 @@ enum Acc {
     Avg(f64, i64),
 }
 
-/// A window: (end, start), ordered by end so that firing walks a prefix.
-type WindowKey = (i64, i64);
 
 /// One key's accumulators in one window, and whether they were output.
 #[derive(Clone)]
@@ -226,17 +225,7 @@ impl WindowAggregate {
 
     /// The fixed windows of time `t` that are not past their lateness.
     fn fixed_windows(&self, t: i64, watermark: i64) -> Vec<WindowKey> {
-        let (size, slide) = (self.plan.size_ms, self.plan.slide_ms);
-        let mut out = Vec::new();
-        let mut start = t - t.rem_euclid(slide);
-        while start > t - size {
-            let end = start + size;
-            if !self.is_dropped(end, watermark) {
-                out.push((end, start));
-            }
-            start -= slide;
-        }
-        out
+        fixed_windows(t, self.plan.size_ms, self.plan.slide_ms).filter(|(end, _)| !self.is_dropped(*end, watermark)).collect()
     }
 
     /// Puts time `t` into `key`'s session: `[t, t + gap)` merged with every
@@ -244,15 +233,9 @@ impl WindowAggregate {
     /// combined into the merged one. `None`: a session of its own that is
     /// already past its lateness (the record is late).
     fn merge_session(&mut self, key: &[u8], t: i64, gap: i64, watermark: i64, overflow: impl Fn() -> Error) -> Result<Option<WindowKey>> {
-        let (mut start, mut end) = (t, t.saturating_add(gap));
-        let sessions = self.sessions.get(key);
-        let overlapping: Vec<(i64, i64)> = sessions.map(|s| s.iter().filter(|(s, e)| *s <= end && *e >= start).copied().collect()).unwrap_or_default();
+        let ((start, end), overlapping) = session_of(self.sessions.get(key), t, gap);
         if overlapping.is_empty() && self.is_dropped(end, watermark) {
             return Ok(None);
-        }
-        for (s, e) in &overlapping {
-            start = start.min(*s);
-            end = end.max(*e);
         }
         let mut merged: Option<Entry> = None;
         for (s, e) in &overlapping {
