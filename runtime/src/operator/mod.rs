@@ -21,7 +21,7 @@ use datafusion_common::DataFusionError;
 use crate::error::{Error, Result};
 use crate::plan::{CompiledExpr, OperatorKind, OperatorPlan};
 
-pub use join::IntervalJoin;
+pub use join::{IntervalJoin, WindowJoin};
 pub use running::RunningAggregate;
 pub use window::WindowAggregate;
 
@@ -53,6 +53,7 @@ pub enum Operator {
     Running(RunningAggregate),
     Window(WindowAggregate),
     IntervalJoin(IntervalJoin),
+    WindowJoin(WindowJoin),
 }
 
 impl Operator {
@@ -95,6 +96,15 @@ impl Operator {
                 parallelism,
                 max_parallelism,
             )?),
+            OperatorKind::WindowJoin(j) => Operator::WindowJoin(WindowJoin::new(
+                plan.id.clone(),
+                plan.step.clone(),
+                j,
+                plan.output_schema.clone(),
+                subtask,
+                parallelism,
+                max_parallelism,
+            )?),
         })
     }
 
@@ -104,6 +114,7 @@ impl Operator {
             Operator::Running(r) => r.id(),
             Operator::Window(w) => w.id(),
             Operator::IntervalJoin(j) => j.id(),
+            Operator::WindowJoin(j) => j.id(),
         }
     }
 
@@ -112,6 +123,7 @@ impl Operator {
     pub fn process_input(&mut self, input: usize, batch: RecordBatch) -> Result<Option<RecordBatch>> {
         match self {
             Operator::IntervalJoin(j) => j.process(input, batch),
+            Operator::WindowJoin(j) => j.process(input, batch),
             _ => self.process(batch),
         }
     }
@@ -139,6 +151,7 @@ impl Operator {
             Operator::Running(r) => r.process(batch).map(Some),
             Operator::Window(w) => w.process(batch),
             Operator::IntervalJoin(j) => j.process(0, batch),
+            Operator::WindowJoin(j) => j.process(0, batch),
         }
     }
 
@@ -147,6 +160,7 @@ impl Operator {
         match self {
             Operator::Window(w) => w.on_watermark(watermark),
             Operator::IntervalJoin(j) => j.on_watermark(watermark),
+            Operator::WindowJoin(j) => j.on_watermark(watermark),
             _ => Ok(None),
         }
     }
@@ -166,6 +180,7 @@ impl Operator {
         match self {
             Operator::Window(w) => w.take_late(),
             Operator::IntervalJoin(j) => j.take_late(),
+            Operator::WindowJoin(j) => j.take_late(),
             _ => 0,
         }
     }
@@ -186,6 +201,7 @@ impl Operator {
             Operator::Running(r) => vec![r.id().to_string()],
             Operator::Window(w) => vec![w.id().to_string()],
             Operator::IntervalJoin(j) => j.state_ids().to_vec(),
+            Operator::WindowJoin(j) => j.state_ids().to_vec(),
             Operator::Filter { .. } | Operator::Select { .. } => Vec::new(),
         }
     }
@@ -196,6 +212,14 @@ impl Operator {
             Operator::Running(r) => vec![(r.id().to_string(), r.copy_changed_after(None)?)],
             Operator::Window(w) => vec![(w.id().to_string(), StateCopy::ready(w.snapshot()?))],
             Operator::IntervalJoin(j) => j
+                .snapshot()
+                .into_iter()
+                .map(|(id, copy)| {
+                    let context = format!("{id} ({})", j.id());
+                    (id, StateCopy::deferred(move || copy.into_batch(&context)))
+                })
+                .collect(),
+            Operator::WindowJoin(j) => j
                 .snapshot()
                 .into_iter()
                 .map(|(id, copy)| {
@@ -235,6 +259,7 @@ impl Operator {
             Operator::Running(r) => r.restore(batch, location, changes),
             Operator::Window(w) => w.restore(batch, location),
             Operator::IntervalJoin(j) => j.restore(state_id, batch, location),
+            Operator::WindowJoin(j) => j.restore(state_id, batch, location),
             Operator::Filter { .. } | Operator::Select { .. } => Ok(()),
         }
     }

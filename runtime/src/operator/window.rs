@@ -3,8 +3,9 @@
 //! A record with event time `t` belongs to every window `[start, start +
 //! size)` with `start` a multiple of `slide` and `start <= t < start + size`;
 //! with sessions, to `[t, t + gap)` merged with every session of its key
-//! that it overlaps or touches (their accumulators combined, as Flink's
-//! merging windows do).
+//! that it overlaps (their accumulators combined, as Flink's merging
+//! windows do; unlike Flink, sessions that only touch stay apart, so that
+//! results never depend on when the watermark came: `assign::session_of`).
 //! State is one accumulator row per (window, key); a window fires when the
 //! watermark reaches `end - 1` (every record it can hold has arrived, as the
 //! watermark promises) and is dropped once the watermark passes `end - 1 +
@@ -229,7 +230,7 @@ impl WindowAggregate {
     }
 
     /// Puts time `t` into `key`'s session: `[t, t + gap)` merged with every
-    /// session of the key it overlaps or touches, their accumulators
+    /// session of the key it overlaps, their accumulators
     /// combined into the merged one. `None`: a session of its own that is
     /// already past its lateness (the record is late).
     fn merge_session(&mut self, key: &[u8], t: i64, gap: i64, watermark: i64, overflow: impl Fn() -> Error) -> Result<Option<WindowKey>> {

@@ -138,6 +138,16 @@ fn operator(op: &OperatorPlan, input: &Schema) -> String {
                 j.upper_ms
             )
         }
+        OperatorKind::WindowJoin(j) => {
+            let keys = |side: &JoinSide| columns(&side.schema, &side.key_indices);
+            let shape = match j.session_gap_ms {
+                Some(gap) => format!("session windows, gap {gap} ms"),
+                None if j.size_ms == j.slide_ms => format!("tumbling windows of {} ms", j.size_ms),
+                None => format!("sliding windows of {} ms every {} ms", j.size_ms, j.slide_ms),
+            };
+            let time = |side: &JoinSide| format!("{}.{}", side.name, column(&side.schema, side.time_index));
+            format!("window join on [{}] = [{}], {shape} on {} and {}", keys(&j.left), keys(&j.right), time(&j.left), time(&j.right))
+        }
     }
 }
 

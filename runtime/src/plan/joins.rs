@@ -15,10 +15,10 @@
 use std::sync::Arc;
 
 use arrow::datatypes::{DataType, Field, Schema};
-use weir_api::pipeline::{IntervalJoinSpec, IntervalJoinType};
+use weir_api::pipeline::{IntervalJoinSpec, IntervalJoinType, WindowJoinSpec, WindowKind};
 
 use super::steps::{StepAt, Stream};
-use super::{names, IntervalJoinPlan, JoinSide, OperatorKind, OperatorPlan};
+use super::{names, IntervalJoinPlan, JoinSide, OperatorKind, OperatorPlan, WindowJoinPlan};
 use crate::error::Result;
 use crate::key_group::is_key_type;
 
@@ -59,6 +59,34 @@ pub(super) fn plan_interval_join(inputs: Inputs, spec: &IntervalJoinSpec, at: St
         left_outer,
     };
     let operator = OperatorPlan { id: at.id, step: at.field, kind: OperatorKind::IntervalJoin(plan), output_schema: schema };
+    Ok(PlannedJoin { operator, output, left_keys, right_keys })
+}
+
+/// A window join: both inputs in the same windows, by their own event
+/// time. Its output appends `window_start` and `window_end`, and carries no
+/// event time: pairs leave when the watermark closes their window, behind
+/// it, as a window's results do.
+pub(super) fn plan_window_join(inputs: Inputs, spec: &WindowJoinSpec, at: StepAt) -> Result<PlannedJoin> {
+    let right_on = spec.right_on.as_deref().unwrap_or(&spec.on);
+    let (left_keys, right_keys) = join_keys(&inputs, &spec.on, right_on, spec.right_on.is_some(), &at)?;
+    let left = side(inputs.join, inputs.left, left_keys.clone(), &at)?;
+    let right = side(inputs.join, inputs.right, right_keys.clone(), &at)?;
+    let mut fields: Vec<Field> = joined_schema(&inputs, false, &at)?.fields().iter().map(|f| f.as_ref().clone()).collect();
+    for name in ["window_start", "window_end"] {
+        if fields.iter().any(|f| f.name() == name) {
+            return Err(at.invalid(format!("`{}`: the output already has a field `{name}`: select it under another name before the join", inputs.join)));
+        }
+        fields.push(Field::new(name, DataType::Int64, false));
+    }
+    let schema = Arc::new(Schema::new(fields));
+    let (size_ms, slide_ms, session_gap_ms) = match spec.kind() {
+        Some(WindowKind::Fixed { size, slide }) => (size as i64, slide as i64, None),
+        Some(WindowKind::Session { gap }) => (0, 0, Some(gap as i64)),
+        None => return Err(at.invalid(format!("`{}`: expected one of `tumbling`, `sliding` or `session`", inputs.join))),
+    };
+    let output = Stream { schema: schema.clone(), keys: Some(spec.on.clone()), event_time: None };
+    let plan = WindowJoinPlan { left, right, size_ms, slide_ms, session_gap_ms };
+    let operator = OperatorPlan { id: at.id, step: at.field, kind: OperatorKind::WindowJoin(plan), output_schema: schema };
     Ok(PlannedJoin { operator, output, left_keys, right_keys })
 }
 

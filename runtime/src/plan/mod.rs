@@ -145,13 +145,15 @@ pub enum OperatorKind {
     /// The first operator of its stage: it reads the stage's two inputs
     /// (left, right) apart.
     IntervalJoin(IntervalJoinPlan),
+    /// Like the interval join, the first operator of its stage.
+    WindowJoin(WindowJoinPlan),
 }
 
 impl OperatorKind {
     /// Whether the operator reads its stage's inputs apart (a join), rather
     /// than one stream that a union merged.
     pub fn reads_inputs_apart(&self) -> bool {
-        matches!(self, OperatorKind::IntervalJoin(_))
+        matches!(self, OperatorKind::IntervalJoin(_) | OperatorKind::WindowJoin(_))
     }
 }
 
@@ -163,7 +165,7 @@ impl OperatorPlan {
     pub fn state_ids(&self) -> Vec<String> {
         match &self.kind {
             OperatorKind::Running(_) | OperatorKind::Window(_) => vec![self.id.clone()],
-            OperatorKind::IntervalJoin(_) => vec![format!("{}.left", self.id), format!("{}.right", self.id)],
+            OperatorKind::IntervalJoin(_) | OperatorKind::WindowJoin(_) => vec![format!("{}.left", self.id), format!("{}.right", self.id)],
             OperatorKind::Filter(_) | OperatorKind::Select(_) => Vec::new(),
         }
     }
@@ -191,6 +193,19 @@ pub struct IntervalJoinPlan {
     /// A left record that found no right one is output with null right
     /// fields once its interval has passed.
     pub left_outer: bool,
+}
+
+/// Pairs of a left and a right record of one key in one event-time window,
+/// output when the watermark closes the window.
+#[derive(Clone, Debug)]
+pub struct WindowJoinPlan {
+    pub left: JoinSide,
+    pub right: JoinSide,
+    /// Fixed windows (tumbling, sliding); both 0 for sessions.
+    pub size_ms: i64,
+    pub slide_ms: i64,
+    /// Session windows, merged over the records of both sides.
+    pub session_gap_ms: Option<i64>,
 }
 
 /// A window function over one column (none for count).

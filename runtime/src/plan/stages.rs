@@ -22,7 +22,6 @@ use std::sync::Arc;
 
 use arrow::datatypes::{Field, Schema, SchemaRef};
 use weir_api::pipeline::{Node, NodeRef, PipelineGraph, PipelineSource, SourceNode};
-use weir_api::pipeline::IntervalJoinSpec;
 use weir_api::{SinkSpec, StepKind};
 
 use super::joins;
@@ -132,7 +131,8 @@ impl<'a> Cutting<'a> {
                 }
             }
             StepKind::Union => self.union(node)?,
-            StepKind::IntervalJoin(spec) => self.interval_join(node, spec, at)?,
+            StepKind::IntervalJoin(spec) => self.join(node, |inputs| joins::plan_interval_join(inputs, spec, at))?,
+            StepKind::WindowJoin(spec) => self.join(node, |inputs| joins::plan_window_join(inputs, spec, at))?,
             kind => {
                 let (stage, mut stream) = self.chained(&node.name, input(node)?)?;
                 let op = steps::plan_operator(&mut stream, kind, at)?;
@@ -229,7 +229,7 @@ impl<'a> Cutting<'a> {
     /// A join starts a stage that reads its two inputs over hash edges on
     /// their key fields, so that records of one key meet in one subtask;
     /// the join is that stage's first operator.
-    fn interval_join(&mut self, node: &'a Node<StepKind>, spec: &IntervalJoinSpec, at: StepAt) -> Result<Output> {
+    fn join(&mut self, node: &'a Node<StepKind>, plan: impl FnOnce(joins::Inputs) -> Result<joins::PlannedJoin>) -> Result<Output> {
         let [left, right] = node.inputs.as_slice() else {
             return Err(Error::Job(format!("{}: `{}` was planned with {} inputs instead of two: was the pipeline checked?", node.path, node.name, node.inputs.len())));
         };
@@ -239,7 +239,7 @@ impl<'a> Cutting<'a> {
             return Err(Error::Job(format!("{}: `{}` reads a key_by or a broadcast: was the pipeline checked?", node.path, node.name)));
         }
         let inputs = joins::Inputs { join: &node.name, left: (left, &left_stream), right: (right, &right_stream) };
-        let planned = joins::plan_interval_join(inputs, spec, at)?;
+        let planned = plan(inputs)?;
         let schema = left_stream.schema.clone();
         let edges = vec![
             (from_left, EdgeKind::Hash { key_indices: planned.left_keys }, left_stream, self.edge_id(left, &node.name)),

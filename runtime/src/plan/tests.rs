@@ -56,9 +56,9 @@ fn aggregating_a_string_field_is_rejected_with_the_type() {
 
 #[test]
 fn the_joins_not_planned_yet_are_refused_naming_the_field() {
-    let text = "name: t\nsources:\n  a: {generator: {}, event_time: {field: value}}\n  b: {generator: {}, event_time: {field: value}}\nsteps:\n  - {name: j, input: [a, b], window_join: {on: [key], tumbling: 1s}}\nsinks:\n  out: {input: j, blackhole: {}}\n";
+    let text = "name: t\nsources:\n  a: {generator: {}, event_time: {field: value}}\n  b: {generator: {}, event_time: {field: value}}\nsteps:\n  - {name: j, input: [a, b], join: {on: [key], ttl: 1m}}\nsinks:\n  out: {input: j, blackhole: {}}\n";
     let err = plan_text(text).err().map(|e| e.to_string());
-    assert_eq!(err.as_deref(), Some("p.yaml:6: steps[0].window_join: `j`: window_join steps are not supported yet"));
+    assert_eq!(err.as_deref(), Some("p.yaml:6: steps[0].join: `j`: join steps are not supported yet"));
 }
 
 /// Two file sources with event time, joined by `join` (a YAML map).

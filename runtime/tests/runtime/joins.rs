@@ -1,8 +1,9 @@
 //! Joins of two streams (runtime/design/graphs.md §4) under worker kills,
 //! whole-tree kills with a rescaled restore, and unaligned checkpoints.
-//! The committed output is checked against a nested loop over the input
-//! files the test wrote (the join's definition), never against another
-//! weir run: every expected pair exactly once, nothing else.
+//! The committed output is checked against the join's definition computed
+//! over the input files the test wrote (a nested loop; windows assigned by
+//! brute force), never against another weir run: every expected pair
+//! exactly once, nothing else.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -84,17 +85,93 @@ impl Inputs {
     }
 }
 
+/// The window join by its definition: each record of either input assigned
+/// its tumbling window of `size` ms, or its session of `gap` ms merged over
+/// the times of both inputs of its id (sessions that only touch stay
+/// apart); per id and window every order paired with every payment.
+fn window_pairs(inputs: &Inputs, size: Option<i64>, gap: Option<i64>) -> BTreeMap<(i64, i64, i64, i64), u32> {
+    // (id, time, order seq or none, payment seq or none)
+    let mut all: Vec<(i64, i64, Option<i64>, Option<i64>)> = inputs.orders.iter().map(|o| (o.1, o.2, Some(o.0), None)).collect();
+    all.extend(inputs.payments.iter().map(|p| (p.1, p.2, None, Some(p.0))));
+    all.sort();
+    let mut windows: BTreeMap<(i64, i64, i64), (Vec<i64>, Vec<i64>)> = BTreeMap::new();
+    let mut session: Option<(i64, i64, i64)> = None;
+    let mut members: Vec<(Option<i64>, Option<i64>)> = Vec::new();
+    let close = |s: (i64, i64, i64), members: &mut Vec<(Option<i64>, Option<i64>)>, windows: &mut BTreeMap<_, (Vec<i64>, Vec<i64>)>| {
+        let w = windows.entry(s).or_default();
+        for (o, p) in members.drain(..) {
+            w.0.extend(o);
+            w.1.extend(p);
+        }
+    };
+    for (id, t, o, p) in all {
+        match (size, gap) {
+            (Some(size), _) => {
+                let start = t.div_euclid(size) * size;
+                let w = windows.entry((id, start, start + size)).or_default();
+                w.0.extend(o);
+                w.1.extend(p);
+            }
+            (None, Some(gap)) => {
+                match session {
+                    Some((sid, start, end)) if sid == id && t < end => session = Some((id, start, end.max(t + gap))),
+                    _ => {
+                        if let Some(s) = session {
+                            close(s, &mut members, &mut windows);
+                        }
+                        session = Some((id, t, t + gap));
+                    }
+                }
+                members.push((o, p));
+            }
+            _ => unreachable!(),
+        }
+    }
+    if let Some(s) = session {
+        close(s, &mut members, &mut windows);
+    }
+    let mut out = BTreeMap::new();
+    for ((_, start, end), (orders, payments)) in windows {
+        for o in &orders {
+            for p in &payments {
+                *out.entry((*o, *p, start, end)).or_insert(0) += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Checks a window join's committed output against `expected`: every
+/// (order, payment, window) once, nothing else.
+fn assert_window_output(job: &Job, expected: &BTreeMap<(i64, i64, i64, i64), u32>) {
+    let mut got: BTreeMap<(i64, i64, i64, i64), u32> = BTreeMap::new();
+    for l in job.committed_lines() {
+        let field = |f: &str| l[f].as_i64().unwrap_or_else(|| panic!("no {f} in {l}"));
+        *got.entry((field("seq"), field("pseq"), field("window_start"), field("window_end"))).or_insert(0) += 1;
+    }
+    let twice: Vec<_> = got.iter().filter(|(_, n)| **n > 1).take(5).collect();
+    assert!(twice.is_empty(), "pairs committed more than once (pair, times): {twice:?}");
+    let missing: Vec<_> = expected.keys().filter(|k| !got.contains_key(k)).take(5).collect();
+    let extra: Vec<_> = got.keys().filter(|k| !expected.contains_key(k)).take(5).collect();
+    assert!(missing.is_empty() && extra.is_empty(), "{} pairs expected, {} committed; missing {missing:?}, extra {extra:?}", expected.len(), got.len());
+}
+
 /// The job: both inputs with event time (out of order by at most 100 ms),
 /// joined into `matched` and written exactly once to `out/eo`. The join's
 /// stage (2) is slowed by `slow` per batch so that the job outlives its kills.
 fn interval_join_job(parallelism: u32, inputs: &Inputs, join: &str, checkpoint: &str, slow: &str) -> Job {
+    join_job(parallelism, inputs, &format!("interval_join: {join}"), checkpoint, slow)
+}
+
+/// As [`interval_join_job`], with any join step (`kind: {settings}`).
+fn join_job(parallelism: u32, inputs: &Inputs, join: &str, checkpoint: &str, slow: &str) -> Job {
     let source = |dir: &str, schema: &str| {
         format!("    file: {{path: {dir}, schema: {{{schema}}}, batch_size: 100}}\n    event_time: {{field: ts, max_out_of_orderness: 100ms}}\n")
     };
     let yaml = format!(
         "name: eo-test\nparallelism: {parallelism}\ncheckpoint:\n  interval: 150ms\n{checkpoint}\
          sources:\n  orders:\n{}  payments:\n{}\
-         steps:\n  - {{name: matched, input: [orders, payments], interval_join: {join}}}\n\
+         steps:\n  - {{name: matched, input: [orders, payments], {join}}}\n\
          sinks:\n  out:\n    input: matched\n    file: {{path: out/eo, format: jsonl, guarantee: exactly-once}}\n",
         source("in/orders", "seq: int64, id: int64, ts: int64"),
         source("in/payments", "pseq: int64, order: int64, ts: int64"),
@@ -160,4 +237,25 @@ fn an_interval_join_under_unaligned_checkpoints_keeps_both_inputs_records_in_fli
     let out = wait_with_timeout(job.spawn(&["--restore", "latest", "--parallelism", "2"]), Duration::from_secs(240));
     assert!(out.status.success(), "the rescaled run failed:\n{}", stderr(&out));
     assert_output(&job, &inputs, &inputs.nested_loop(-20, 20, true));
+}
+
+#[test]
+fn a_tumbling_window_join_outputs_every_pair_of_each_window_once_under_worker_kills() {
+    let inputs = Inputs::new(4, 24_000, 500);
+    let job = join_job(2, &inputs, "window_join: {on: id, right_on: order, tumbling: 100ms}", "", "15ms");
+    let out = run_with_worker_kills(&job, 4, |_| {});
+    assert!(stderr(&out).contains("restarting"), "no restart was reported:\n{}", stderr(&out));
+    let expected = window_pairs(&inputs, Some(100), None);
+    assert!(expected.len() > 10_000, "the input pairs too little to prove anything: {}", expected.len());
+    assert_window_output(&job, &expected);
+}
+
+#[test]
+fn a_session_window_join_restores_after_whole_tree_kills_at_another_parallelism() {
+    let inputs = Inputs::new(5, 24_000, 500);
+    let job = join_job(2, &inputs, "window_join: {on: id, right_on: order, session: {gap: 25ms}}", "", "20ms");
+    kill_trees_then_restore_latest(&job, 500..1000, Some("3"));
+    let expected = window_pairs(&inputs, None, Some(25));
+    assert!(expected.len() > 10_000, "the input pairs too little to prove anything: {}", expected.len());
+    assert_window_output(&job, &expected);
 }

@@ -306,7 +306,7 @@ fn expected_sessions(events: u64, keys: u64) -> BTreeMap<(i64, i64), (i64, i64, 
             let start = times[i];
             let (mut n, mut sum) = (0, 0);
             let mut j = i;
-            while j < times.len() && (j == i || times[j] - times[j - 1] <= 100) {
+            while j < times.len() && (j == i || times[j] - times[j - 1] < 100) {
                 n += 1;
                 sum += times[j];
                 j += 1;

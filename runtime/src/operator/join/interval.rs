@@ -103,8 +103,8 @@ impl IntervalJoin {
     pub fn process(&mut self, input: usize, batch: RecordBatch) -> Result<Option<RecordBatch>> {
         let is_left = input == 0;
         let side = if is_left { &self.left } else { &self.right };
-        let time_index = side.plan.time_index;
-        let arrived = side.arrive(&batch, &self.step)?;
+        let time_index = side.format.plan.time_index;
+        let arrived = side.format.arrive(&batch, &self.step)?;
         let Some(times) = batch.column(time_index).as_primitive_opt::<Int64Type>() else {
             return Err(Error::Job(format!("{}: the event-time column is {}, not int64", self.step, batch.column(time_index).data_type())));
         };
@@ -187,8 +187,8 @@ impl IntervalJoin {
         if pairs.is_empty() {
             return Ok(None);
         }
-        let mut columns: Vec<ArrayRef> = self.left.columns(pairs.iter().map(|(l, _)| l.as_ref()), &self.step)?;
-        let right: Vec<ArrayRef> = self.right.columns(pairs.iter().filter_map(|(_, r)| r.as_deref()), &self.step)?;
+        let mut columns: Vec<ArrayRef> = self.left.format.columns(pairs.iter().map(|(l, _)| l.as_ref()), &self.step)?;
+        let right: Vec<ArrayRef> = self.right.format.columns(pairs.iter().filter_map(|(_, r)| r.as_deref()), &self.step)?;
         if pairs.iter().all(|(_, r)| r.is_some()) {
             columns.extend(right);
         } else {

@@ -8,8 +8,12 @@
 
 mod interval;
 mod side;
+mod window;
 
 pub use interval::IntervalJoin;
+pub use window::WindowJoin;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod window_tests;

@@ -28,10 +28,47 @@ pub(super) struct Stored {
     pub matched: bool,
 }
 
-pub(super) struct Side {
+/// How a join reads one input: its rows and keys in Arrow's row format.
+pub(super) struct SideFormat {
     pub plan: JoinSide,
     rows_format: RowConverter,
     keys_format: RowConverter,
+}
+
+impl SideFormat {
+    pub fn new(plan: &JoinSide, context: &str) -> Result<SideFormat> {
+        let rows_format = row_format(&plan.schema, context)?;
+        let key_fields = plan.key_indices.iter().map(|&i| SortField::new(plan.schema.field(i).data_type().clone())).collect();
+        let keys_format = RowConverter::new(key_fields).map_err(Error::arrow(format!("{context}: key columns")))?;
+        Ok(SideFormat { plan: plan.clone(), rows_format, keys_format })
+    }
+
+    pub fn arrive(&self, batch: &RecordBatch, context: &str) -> Result<Arrived> {
+        let key_columns = canonical_keys(&self.plan.key_indices.iter().map(|&i| batch.column(i).clone()).collect::<Vec<_>>());
+        let keys = self.keys_format.convert_columns(&key_columns).map_err(Error::arrow(format!("{context}: keys")))?;
+        let rows = self.rows_format.convert_columns(batch.columns()).map_err(Error::arrow(format!("{context}: rows")))?;
+        Ok(Arrived { keys, rows, key_columns })
+    }
+
+    /// Rows back as the input's columns.
+    pub fn columns<'a>(&self, rows: impl Iterator<Item = &'a [u8]>, context: &str) -> Result<Vec<ArrayRef>> {
+        let parser = self.rows_format.parser();
+        self.rows_format.convert_rows(rows.map(|r| parser.parse(r))).map_err(Error::arrow(format!("{context}: output")))
+    }
+
+    /// The input's columns of a snapshot batch (after its first `skip`
+    /// columns), in the forms a join reads them.
+    pub fn restored(&self, batch: &RecordBatch, skip: usize, context: &str) -> Result<(RecordBatch, Arrived)> {
+        let n = self.plan.schema.fields().len();
+        let fields: Vec<ArrayRef> = batch.columns()[skip..skip + n].to_vec();
+        let input = RecordBatch::try_new(self.plan.schema.clone(), fields).map_err(Error::arrow(format!("{context}: restore")))?;
+        let arrived = self.arrive(&input, context)?;
+        Ok((input, arrived))
+    }
+}
+
+pub(super) struct Side {
+    pub format: SideFormat,
     /// Key → (event time, arrival number) → row.
     by_key: FastMap<Box<[u8]>, BTreeMap<(i64, u64), Stored>>,
     /// (event time, arrival number) → key: which rows go first.
@@ -51,13 +88,8 @@ pub(super) struct Arrived {
 
 impl Side {
     pub fn new(plan: &JoinSide, keeps_matched: bool, context: &str) -> Result<Side> {
-        let rows_format = row_format(&plan.schema, context)?;
-        let key_fields = plan.key_indices.iter().map(|&i| SortField::new(plan.schema.field(i).data_type().clone())).collect();
-        let keys_format = RowConverter::new(key_fields).map_err(Error::arrow(format!("{context}: key columns")))?;
         Ok(Side {
-            plan: plan.clone(),
-            rows_format,
-            keys_format,
+            format: SideFormat::new(plan, context)?,
             by_key: FastMap::default(),
             by_time: BTreeMap::new(),
             next: 0,
@@ -68,13 +100,6 @@ impl Side {
     /// Rows kept.
     pub fn len(&self) -> usize {
         self.by_time.len()
-    }
-
-    pub fn arrive(&self, batch: &RecordBatch, context: &str) -> Result<Arrived> {
-        let key_columns = canonical_keys(&self.plan.key_indices.iter().map(|&i| batch.column(i).clone()).collect::<Vec<_>>());
-        let keys = self.keys_format.convert_columns(&key_columns).map_err(Error::arrow(format!("{context}: keys")))?;
-        let rows = self.rows_format.convert_columns(batch.columns()).map_err(Error::arrow(format!("{context}: rows")))?;
-        Ok(Arrived { keys, rows, key_columns })
     }
 
     pub fn insert(&mut self, key: &[u8], time: i64, row: Box<[u8]>, matched: bool) {
@@ -114,17 +139,11 @@ impl Side {
         out
     }
 
-    /// Rows back as the input's columns.
-    pub fn columns<'a>(&self, rows: impl Iterator<Item = &'a [u8]>, context: &str) -> Result<Vec<ArrayRef>> {
-        let parser = self.rows_format.parser();
-        self.rows_format.convert_rows(rows.map(|r| parser.parse(r))).map_err(Error::arrow(format!("{context}: output")))
-    }
-
     /// The columns of this side's snapshot: the key group, the input's
     /// fields, and `matched` when kept.
     pub fn snapshot_schema(&self) -> Schema {
         let mut fields = vec![Arc::new(Field::new("key_group", DataType::UInt32, false))];
-        fields.extend(self.plan.schema.fields().iter().cloned());
+        fields.extend(self.format.plan.schema.fields().iter().cloned());
         if self.keeps_matched {
             fields.push(Arc::new(Field::new("matched", DataType::Boolean, false)));
         }
@@ -137,7 +156,7 @@ impl Side {
         let rows = self.by_key.values().flat_map(|rows| rows.values().map(|s| (s.row.clone(), s.matched))).collect();
         SideCopy {
             rows,
-            plan: self.plan.clone(),
+            plan: self.format.plan.clone(),
             schema: Arc::new(self.snapshot_schema().with_metadata(metadata)),
             keeps_matched: self.keeps_matched,
             max_parallelism,
@@ -148,12 +167,10 @@ impl Side {
     /// The groups are computed again from the keys rather than read from
     /// the batch, so that float keys land where they hash today.
     pub fn restore(&mut self, batch: &RecordBatch, groups: &RangeInclusive<u32>, max_parallelism: u32, context: &str) -> Result<()> {
-        let n = self.plan.schema.fields().len();
-        let fields: Vec<ArrayRef> = batch.columns()[1..=n].to_vec();
-        let input = RecordBatch::try_new(self.plan.schema.clone(), fields).map_err(Error::arrow(format!("{context}: restore")))?;
-        let arrived = self.arrive(&input, context)?;
+        let n = self.format.plan.schema.fields().len();
+        let (input, arrived) = self.format.restored(batch, 1, context)?;
         let of = key_groups(&arrived.key_columns, input.num_rows(), max_parallelism)?;
-        let times = input.column(self.plan.time_index).as_primitive::<Int64Type>();
+        let times = input.column(self.format.plan.time_index).as_primitive::<Int64Type>();
         let matched = self.keeps_matched.then(|| batch.column(n + 1).as_boolean().clone());
         for r in 0..input.num_rows() {
             if !groups.contains(&of[r]) || times.is_null(r) {
@@ -191,7 +208,7 @@ impl SideCopy {
     }
 }
 
-fn row_format(schema: &Schema, context: &str) -> Result<RowConverter> {
+pub(super) fn row_format(schema: &Schema, context: &str) -> Result<RowConverter> {
     RowConverter::new(schema.fields().iter().map(|f| SortField::new(f.data_type().clone())).collect()).map_err(Error::arrow(format!("{context}: row format")))
 }
 

@@ -205,13 +205,13 @@ fn sessions(gap: i64, lateness: i64) -> WindowPlan {
 }
 
 #[test]
-fn records_closer_than_the_gap_are_one_session_and_a_bridging_record_merges_two() {
+fn records_closer_than_the_gap_are_one_session_and_a_bridging_record_merges_two_but_a_session_that_only_touches_stays_apart() {
     let mut w = window(&sessions(10, 0), 0, 1);
     w.process(batch(&[(1, 0, 1), (1, 5, 2), (1, 30, 4), (2, 3, 8)])).unwrap();
-    // [20,30) touches [30,40); then [14,24) bridges [0,15) and [20,40).
+    // [20,30) only touches [30,40); then [14,24) bridges [0,15) and [20,30).
     w.process(batch(&[(1, 20, 16), (1, 14, 32)])).unwrap();
-    assert_eq!(results(w.on_watermark(38).unwrap()), vec![(2, 3, 13, 1, 8)]);
-    assert_eq!(results(w.on_watermark(39).unwrap()), vec![(1, 0, 40, 5, 55)]);
+    assert_eq!(results(w.on_watermark(38).unwrap()), vec![(1, 0, 30, 4, 51), (2, 3, 13, 1, 8)]);
+    assert_eq!(results(w.on_watermark(39).unwrap()), vec![(1, 30, 40, 1, 4)]);
     assert!(results(w.on_watermark(i64::MAX).unwrap()).is_empty());
 }
 
