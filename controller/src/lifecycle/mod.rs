@@ -259,9 +259,15 @@ pub fn decide(job: &StreamJob, obs: &Observed, settings: &WorkerSettings) -> Dec
         }
     };
     // An upgrade is on trial only while the job upgrades, runs or recovers:
-    // a suspension, a failure or a deletion ends it.
+    // a suspension, a failure or a deletion ends it. While it is, the next
+    // look comes no later than its deadline.
+    let mut step = step;
     if !matches!(step.next.or(before), Some(Phase::Upgrading | Phase::Running | Phase::Recovering)) {
         st.upgrade_trial = None;
+    }
+    if let Some(t) = &st.upgrade_trial {
+        let left = Duration::try_from(t.deadline.0.duration_since(cx.now)).unwrap_or_default();
+        step.requeue = step.requeue.min(left.max(Duration::from_millis(100)));
     }
     // Recorded on every reconcile, so that the list empties once they are gone.
     // Any run's: a pod of the current run can be abandoned too (suspended beside a lost node).
