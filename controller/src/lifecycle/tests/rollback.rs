@@ -187,6 +187,32 @@ fn a_rolled_back_generation_is_not_tried_again_until_the_spec_changes() {
 }
 
 #[test]
+fn a_rolled_back_job_that_finishes_stays_finished() {
+    let mut w = healthy(with_rollback());
+    bad_upgrade(&mut w);
+    w.advance(Duration::from_secs(121));
+    w.step();
+    w.step();
+    w.step();
+    w.pods_run();
+    w.until(Phase::Running);
+    for p in w.pods.iter_mut() {
+        *p = exited(p.clone(), 0);
+    }
+    w.step();
+    assert_eq!(w.phase(), Some(Phase::Finished));
+    for _ in 0..3 {
+        let d = w.step();
+        assert_eq!(w.phase(), Some(Phase::Finished), "not run again for the rolled-back generation");
+        assert!(d.effects.is_empty());
+    }
+    // A new generation runs it again.
+    apply(&mut w, |s| s.image = Some("weir:fixed".into()));
+    w.step();
+    assert_eq!(w.phase(), Some(Phase::Deploying));
+}
+
+#[test]
 fn a_new_spec_that_fails_in_a_way_a_restart_does_not_fix_is_rolled_back_at_once() {
     let mut w = healthy(with_rollback());
     bad_upgrade(&mut w);
