@@ -428,6 +428,9 @@ async fn create_run(job: &StreamJob, ctx: &Context, ns: &str, status: &StreamJob
     // spec the pipeline ConfigMap keeps.
     let stored = if desired::job_for_run(job, run, None, &ctx.settings).1 {
         None
+    } else if let Some(spec) = desired::stable_spec_of(status, run) {
+        // A rollback's run: the failed upgrade overwrote the ConfigMap.
+        Some(spec)
     } else {
         let cm = config_maps.get_opt(&names::pipeline_config_map(&job.name_any())).await.map_err(Error::kube("reading the pipeline ConfigMap"))?;
         cm.as_ref().and_then(desired::spec_of_config_map)

@@ -17,6 +17,7 @@ const LIFECYCLE_FIELDS: &[&str] = &[
     "savepointOnDelete",
     "savepointTimeout",
     "deployTimeout",
+    "upgrade",
 ];
 
 /// A stable hash (hex, 16 characters) of the pod-shaping part of the spec.

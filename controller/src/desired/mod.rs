@@ -81,6 +81,13 @@ pub fn job_for_run(job: &StreamJob, run: &RunStatus, stored: Option<StreamJobSpe
     (deployed, same)
 }
 
+/// The last spec that ran healthy, kept in status, when `run` is of it (a
+/// rollback's run; see `lifecycle/rollback.rs`).
+pub fn stable_spec_of(status: &weir_api::streamjob::StreamJobStatus, run: &RunStatus) -> Option<StreamJobSpec> {
+    let stable = status.last_stable_spec.as_ref().filter(|s| s.spec_hash == run.spec_hash)?;
+    serde_json::from_str(&stable.spec).ok()
+}
+
 /// The spec a pipeline ConfigMap was made from; `None` for one made before
 /// the spec was kept there, or one that does not parse.
 pub fn spec_of_config_map(cm: &ConfigMap) -> Option<weir_api::streamjob::StreamJobSpec> {

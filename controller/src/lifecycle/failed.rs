@@ -28,7 +28,8 @@ impl State for Failed {
         // other than the failed run's, also one pushed before the failure
         // (during the last recovery, while the run that failed was up).
         let new_generation = cx.job.metadata.generation != failed_at(st);
-        let other_spec = cx.validation.is_ok() && st.run.as_ref().is_some_and(|r| r.spec_hash != cx.spec_hash);
+        // Not the generation a rollback gave up, though: that takes a change.
+        let other_spec = cx.validation.is_ok() && !super::rollback::holds(cx, st) && st.run.as_ref().is_some_and(|r| r.spec_hash != cx.spec_hash);
         // A job refused for what the operator lacked (a default worker image)
         // starts once the operator has it, without an edit of the spec.
         let refusal_gone = st.run.is_none()

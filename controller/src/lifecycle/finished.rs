@@ -17,7 +17,9 @@ impl State for Finished {
     fn step(cx: &Cx, st: &mut StreamJobStatus) -> Step {
         let spec = &cx.job.spec;
         let restart_asked = spec.restart_trigger.is_some() && spec.restart_trigger != st.observed_restart_trigger;
-        let spec_changed = st.run.as_ref().is_some_and(|r| r.spec_hash != cx.spec_hash);
+        // Not by the generation a rollback gave up: the job finished on the
+        // spec it went back to, and would only finish again, forever.
+        let spec_changed = st.run.as_ref().is_some_and(|r| r.spec_hash != cx.spec_hash) && !super::rollback::holds(cx, st);
         if !(restart_asked || spec_changed) || cx.validation.is_err() {
             return Step::stay::<Finished>();
         }

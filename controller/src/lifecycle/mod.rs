@@ -21,6 +21,8 @@ mod failed;
 mod finished;
 mod recovering;
 mod readiness;
+mod rollback;
+mod rolling_back;
 mod run;
 mod running;
 mod savepoint;
@@ -51,6 +53,7 @@ pub use deploying::Deploying;
 pub use failed::Failed;
 pub use finished::Finished;
 pub use recovering::Recovering;
+pub use rolling_back::RollingBack;
 pub use running::Running;
 pub use savepointing::Savepointing;
 pub use suspended::Suspended;
@@ -78,10 +81,11 @@ macro_rules! transitions {
 transitions! {
     Created => [Deploying, Suspended, Failed, Deleting];
     Deploying => [Running, Recovering, Failed, Finished, Deleting];
-    Running => [Savepointing, Upgrading, Recovering, Suspending, Finished, Failed, Deleting];
+    Running => [Savepointing, Upgrading, RollingBack, Recovering, Suspending, Finished, Failed, Deleting];
     Savepointing => [Running, Recovering, Failed, Deleting];
-    Upgrading => [Running, Recovering, Failed, Finished, Deleting];
-    Recovering => [Running, Failed, Finished, Deleting];
+    Upgrading => [Running, RollingBack, Recovering, Failed, Finished, Deleting];
+    RollingBack => [Running, Recovering, Failed, Finished, Deleting];
+    Recovering => [Running, RollingBack, Failed, Finished, Deleting];
     Suspending => [Suspended, Running, Recovering, Failed, Deleting];
     Suspended => [Deploying, Deleting];
     Failed => [Deploying, Deleting];
@@ -228,6 +232,11 @@ pub fn decide(job: &StreamJob, obs: &Observed, settings: &WorkerSettings) -> Dec
     let cx = Cx { job, obs, now: obs.now, spec_hash: spec_hash(&job.spec, image.as_deref()), validation };
     let mut st = job.status.clone().unwrap_or_default();
     let before = st.phase;
+    // A rollback holds its generation back only while that generation is
+    // the current one: any change of the spec is tried again.
+    if st.rollback.is_some() && !rollback::holds(&cx, &st) {
+        st.rollback = None;
+    }
     let step = if job.metadata.deletion_timestamp.is_some() {
         match before {
             Some(Phase::Deleting) => Deleting::step(&cx, &mut st),
@@ -240,6 +249,7 @@ pub fn decide(job: &StreamJob, obs: &Observed, settings: &WorkerSettings) -> Dec
             Some(Phase::Running) => Running::step(&cx, &mut st),
             Some(Phase::Savepointing) => Savepointing::step(&cx, &mut st),
             Some(Phase::Upgrading) => Upgrading::step(&cx, &mut st),
+            Some(Phase::RollingBack) => RollingBack::step(&cx, &mut st),
             Some(Phase::Recovering) => Recovering::step(&cx, &mut st),
             Some(Phase::Suspending) => Suspending::step(&cx, &mut st),
             Some(Phase::Suspended) => Suspended::step(&cx, &mut st),
@@ -248,6 +258,17 @@ pub fn decide(job: &StreamJob, obs: &Observed, settings: &WorkerSettings) -> Dec
             Some(Phase::Deleting) => Deleting::step(&cx, &mut st),
         }
     };
+    // An upgrade is on trial only while the job upgrades, runs or recovers:
+    // a suspension, a failure or a deletion ends it. While it is, the next
+    // look comes no later than its deadline.
+    let mut step = step;
+    if !matches!(step.next.or(before), Some(Phase::Upgrading | Phase::Running | Phase::Recovering)) {
+        st.upgrade_trial = None;
+    }
+    if let Some(t) = &st.upgrade_trial {
+        let left = Duration::try_from(t.deadline.0.duration_since(cx.now)).unwrap_or_default();
+        step.requeue = step.requeue.min(left.max(Duration::from_millis(100)));
+    }
     // Recorded on every reconcile, so that the list empties once they are gone.
     // Any run's: a pod of the current run can be abandoned too (suspended beside a lost node).
     st.abandoned_pods = obs.abandoned_pods(None);
@@ -277,6 +298,7 @@ fn to_deleting(from: Option<Phase>) -> Step {
         Some(Phase::Running) => Step::to::<Running, Deleting>(),
         Some(Phase::Savepointing) => Step::to::<Savepointing, Deleting>(),
         Some(Phase::Upgrading) => Step::to::<Upgrading, Deleting>(),
+        Some(Phase::RollingBack) => Step::to::<RollingBack, Deleting>(),
         Some(Phase::Recovering) => Step::to::<Recovering, Deleting>(),
         Some(Phase::Suspending) => Step::to::<Suspending, Deleting>(),
         Some(Phase::Suspended) => Step::to::<Suspended, Deleting>(),

@@ -86,6 +86,10 @@ pub(super) fn judge(cx: &Cx, st: &StreamJobStatus, next: Option<Phase>, degraded
                     None => Readiness::not("Suspending", format!("{this} asks for suspension: {message}")),
                 };
             }
+            if st.deployed_spec_hash.as_deref() != Some(cx.spec_hash.as_str()) && super::rollback::holds(cx, st) {
+                let why = super::rollback::held_message(st).unwrap_or_default();
+                return Readiness::not(ready_reasons::ROLLED_BACK, format!("{this} does not run: {why}"));
+            }
             if st.deployed_spec_hash.as_deref() != Some(cx.spec_hash.as_str()) {
                 return match failed_savepoint {
                     Some(why) => Readiness::not(
@@ -97,6 +101,13 @@ pub(super) fn judge(cx: &Cx, st: &StreamJobStatus, next: Option<Phase>, degraded
             }
             if let Some((reason, m)) = degraded.filter(|(r, _)| NOT_PROGRESSING.contains(&r.as_str())) {
                 return Readiness::not(reason, format!("{this} runs but makes no progress: {m}"));
+            }
+            if let Some(trial) = &st.upgrade_trial {
+                let at = trial.deadline.0.round(jiff::Unit::Second).unwrap_or(trial.deadline.0);
+                return Readiness::not(
+                    ready_reasons::AWAITING_CHECKPOINT,
+                    format!("{this} runs but has not completed its first checkpoint yet; it is rolled back if it does not by {at} (spec.upgrade.rollback.readinessTimeout)"),
+                );
             }
             Readiness { ready: true, reason: ready_reasons::RUNNING.into(), message: format!("{this} runs: {message}") }
         }

@@ -33,8 +33,10 @@ pub const RELAX_AVOIDANCE_AFTER: Duration = Duration::from_secs(10);
 /// the spec of the run before it, which is what was deployed.
 pub(super) fn new_run(cx: &Cx, st: &mut StreamJobStatus, restore_from: Option<String>, not_before: Option<jiff::Timestamp>) {
     let number = st.run.as_ref().map(|r| r.number + 1).unwrap_or(1);
-    let (spec_hash, generation, workers) = match (&cx.validation, &st.run) {
-        (Err(_), Some(before)) => (before.spec_hash.clone(), before.generation, before.workers),
+    // Nor is a generation that was rolled back (until the spec changes).
+    let held_back = cx.validation.is_err() || super::rollback::holds(cx, st);
+    let (spec_hash, generation, workers) = match (held_back, &st.run) {
+        (true, Some(before)) => (before.spec_hash.clone(), before.generation, before.workers),
         _ => (cx.spec_hash.clone(), cx.job.metadata.generation, cx.job.spec.parallelism.max(1)),
     };
     let uid = cx.job.metadata.uid.as_deref().unwrap_or("local");
@@ -250,8 +252,9 @@ fn unreachable_while_joining(cx: &Cx, st: &mut StreamJobStatus, worker0: std::ne
 /// Otherwise the run keeps its spec, and the reconciler builds its pods
 /// from that spec (the one `run.specHash` names), never from another.
 fn take_current_spec(cx: &Cx, st: &mut StreamJobStatus) -> Option<Progress> {
+    let held_back = super::rollback::holds(cx, st);
     let run = st.run.as_mut()?;
-    if run.spec_hash == cx.spec_hash || cx.validation.is_err() {
+    if run.spec_hash == cx.spec_hash || cx.validation.is_err() || held_back {
         return None;
     }
     if !run.pods_created {

@@ -6,8 +6,10 @@ use std::time::Duration;
 
 use weir_api::streamjob::{JobState, SavepointReason, StreamJobStatus, UpgradeMode};
 
-use super::run::{after_failure, new_run, record_progress, LATEST};
+use super::rollback::{self, after_failure};
+use super::run::{new_run, record_progress, LATEST};
 use super::{human, savepoint, Cx, Finished, Recovering, Savepointing, State, Step, Suspending, Upgrading};
+use weir_api::streamjob::RunStatus;
 use crate::observe::RunHealth;
 
 pub struct Running;
@@ -30,6 +32,10 @@ impl State for Running {
             new_run(cx, st, Some(LATEST.into()), None);
             return Step::to::<Running, Recovering>().message("no run recorded in status: restoring from the latest checkpoint").requeue(Duration::ZERO);
         };
+        // An upgrade on trial that is not healthy by its deadline goes back.
+        if let Some(step) = rollback::when_due::<Running>(cx, st) {
+            return step;
+        }
         match cx.obs.health(&run) {
             RunHealth::Failed { reason, message, fatal } => return after_failure::<Running>(cx, st, &reason, &message, fatal),
             RunHealth::Finished => {
@@ -69,97 +75,118 @@ impl State for Running {
             RunHealth::Starting { .. } | RunHealth::NotCreated => {}
         }
         record_progress(cx, st);
-        let spec = &cx.job.spec;
-
-        // The watchdog on checkpoint progress: pods can all look healthy
-        // while the job is stuck (a wedged subtask, storage that hangs).
-        let mut stalling = None;
-        // An at-most-once job takes no checkpoints: nothing to watch.
-        let takes_checkpoints = !cx.validation.as_ref().is_ok_and(|v| v.runtime == weir_api::Guarantee::AtMostOnce);
-        if let Some(limit) = spec.checkpoint.progress_limit().filter(|_| takes_checkpoints) {
-            let since = st.last_checkpoint.as_ref().map(|c| c.time.0).filter(|t| *t > run.started_at.0).unwrap_or(run.started_at.0);
-            let stalled = Duration::try_from(cx.now.duration_since(since)).unwrap_or_default();
-            if stalled >= limit {
-                let m = format!(
-                    "no checkpoint completed for {} (spec.checkpoint.progressTimeout {}): the run is stuck",
-                    human(stalled),
-                    human(limit)
-                );
-                return after_failure::<Running>(cx, st, "CheckpointsStalled", &m, false);
-            }
-            if stalled >= limit / 2 {
-                stalling = Some(format!(
-                    "no checkpoint completed for {}; the job is restarted after {} without one (spec.checkpoint.progressTimeout)",
-                    human(stalled),
-                    human(limit)
-                ));
-            }
+        let healthy = rollback::record_healthy(cx, st);
+        let step = after_progress(cx, st, &run);
+        match healthy {
+            Some(m) => step.event("UpgradeHealthy", m),
+            None => step,
         }
-
-        // A failed savepoint (upgrade or suspension) is retried after a pause,
-        // never replaced by something weaker.
-        if let Some(wait) = savepoint_retry_pause(cx, st) {
-            let what = if spec.state == JobState::Suspended { "suspension" } else { "upgrade" };
-            let why = st.last_failure.as_ref().map(|f| f.message.clone()).unwrap_or_default();
-            let m = format!(
-                "{what} not done: {why}; the job keeps running the previous spec; retrying in {}{}",
-                human(wait),
-                if what == "upgrade" { " (to upgrade without a savepoint, set upgradeMode: last-state or stateless)" } else { "" }
-            );
-            return Step::stay::<Running>().message(m.clone()).degraded("SavepointFailed", m).requeue(wait);
-        }
-        if spec.state == JobState::Suspended && !takes_checkpoints {
-            // Nothing to keep: the pods stop, and a resumed job starts without state.
-            return Step::to::<Running, Suspending>()
-                .event("Suspending", "stopping the pods; the job is at-most-once and takes no savepoint")
-                .message("suspending: stopping the pods (at-most-once: no savepoint)")
-                .requeue(Duration::ZERO);
-        }
-        if spec.state == JobState::Suspended {
-            let effects = savepoint::begin(cx, st, SavepointReason::Suspend);
-            return Step::to::<Running, Suspending>()
-                .effects(effects)
-                .event("Suspending", "taking a savepoint before stopping the pods")
-                .message("suspending: taking a savepoint")
-                .requeue(Duration::from_millis(500));
-        }
-        if cx.spec_hash != run.spec_hash {
-            if let Err(why) = &cx.validation {
-                let m = format!("spec change not applied: {why}; the job keeps running the previous spec");
-                return Step::stay::<Running>().message(m.clone()).degraded(why.reason, m).requeue(PROGRESS_INTERVAL);
-            }
-            return upgrade(cx, st);
-        }
-        if spec.restart_trigger.is_some() && spec.restart_trigger != st.observed_restart_trigger {
-            st.observed_restart_trigger = spec.restart_trigger.clone();
-            new_run(cx, st, Some(LATEST.into()), None);
-            return Step::to::<Running, Recovering>()
-                .event("RestartRequested", "spec.restartTrigger changed: restarting from the latest completed checkpoint")
-                .message("restarting from the latest completed checkpoint (spec.restartTrigger)")
-                .requeue(Duration::ZERO);
-        }
-        if spec.savepoint_trigger.is_some() && spec.savepoint_trigger != st.observed_savepoint_trigger {
-            let effects = savepoint::begin(cx, st, SavepointReason::Trigger);
-            return Step::to::<Running, Savepointing>()
-                .effects(effects)
-                .event("SavepointRequested", "spec.savepointTrigger changed: taking a savepoint")
-                .message("taking a savepoint (spec.savepointTrigger)")
-                .requeue(Duration::from_millis(500));
-        }
-        let mut step = Step::stay::<Running>().requeue(PROGRESS_INTERVAL);
-        if spec.initial_savepoint.is_some() && spec.initial_savepoint != st.initial_savepoint {
-            step = step.message("running; spec.initialSavepoint changed but applies only to a job's first deployment: to start from it, create a new StreamJob");
-        } else if let Some(c) = &st.last_checkpoint {
-            step = step.message(format!("running; checkpoint {} complete", c.id));
-        }
-        if let Some(m) = stalling {
-            step = step.degraded("CheckpointsStalled", m);
-        } else if st.restarts_in_a_row > 0 {
-            let why = st.last_failure.as_ref().map(|f| f.message.clone()).unwrap_or_default();
-            step = step.degraded("RecentRestart", format!("restarted after a failure and no checkpoint completed since: {why}"));
-        }
-        step
     }
+}
+
+/// What a running job whose run is up does next.
+fn after_progress(cx: &Cx, st: &mut StreamJobStatus, run: &RunStatus) -> Step {
+    let spec = &cx.job.spec;
+
+    // The watchdog on checkpoint progress: pods can all look healthy
+    // while the job is stuck (a wedged subtask, storage that hangs).
+    let mut stalling = None;
+    // An at-most-once job takes no checkpoints: nothing to watch.
+    let takes_checkpoints = !cx.validation.as_ref().is_ok_and(|v| v.runtime == weir_api::Guarantee::AtMostOnce);
+    if let Some(limit) = spec.checkpoint.progress_limit().filter(|_| takes_checkpoints) {
+        let since = st.last_checkpoint.as_ref().map(|c| c.time.0).filter(|t| *t > run.started_at.0).unwrap_or(run.started_at.0);
+        let stalled = Duration::try_from(cx.now.duration_since(since)).unwrap_or_default();
+        if stalled >= limit {
+            let m = format!(
+                "no checkpoint completed for {} (spec.checkpoint.progressTimeout {}): the run is stuck",
+                human(stalled),
+                human(limit)
+            );
+            return after_failure::<Running>(cx, st, "CheckpointsStalled", &m, false);
+        }
+        if stalled >= limit / 2 {
+            stalling = Some(format!(
+                "no checkpoint completed for {}; the job is restarted after {} without one (spec.checkpoint.progressTimeout)",
+                human(stalled),
+                human(limit)
+            ));
+        }
+    }
+
+    // A failed savepoint (upgrade or suspension) is retried after a pause,
+    // never replaced by something weaker.
+    if let Some(wait) = savepoint_retry_pause(cx, st) {
+        let what = if spec.state == JobState::Suspended { "suspension" } else { "upgrade" };
+        let why = st.last_failure.as_ref().map(|f| f.message.clone()).unwrap_or_default();
+        let m = format!(
+            "{what} not done: {why}; the job keeps running the previous spec; retrying in {}{}",
+            human(wait),
+            if what == "upgrade" { " (to upgrade without a savepoint, set upgradeMode: last-state or stateless)" } else { "" }
+        );
+        return Step::stay::<Running>().message(m.clone()).degraded("SavepointFailed", m).requeue(wait);
+    }
+    if spec.state == JobState::Suspended && !takes_checkpoints {
+        // Nothing to keep: the pods stop, and a resumed job starts without state.
+        return Step::to::<Running, Suspending>()
+            .event("Suspending", "stopping the pods; the job is at-most-once and takes no savepoint")
+            .message("suspending: stopping the pods (at-most-once: no savepoint)")
+            .requeue(Duration::ZERO);
+    }
+    if spec.state == JobState::Suspended {
+        let effects = savepoint::begin(cx, st, SavepointReason::Suspend);
+        return Step::to::<Running, Suspending>()
+            .effects(effects)
+            .event("Suspending", "taking a savepoint before stopping the pods")
+            .message("suspending: taking a savepoint")
+            .requeue(Duration::from_millis(500));
+    }
+    // A generation that was rolled back is not tried again until the spec changes.
+    let held = rollback::held_message(st).filter(|_| rollback::holds(cx, st));
+    if cx.spec_hash != run.spec_hash && held.is_none() {
+        if let Err(why) = &cx.validation {
+            let m = format!("spec change not applied: {why}; the job keeps running the previous spec");
+            return Step::stay::<Running>().message(m.clone()).degraded(why.reason, m).requeue(PROGRESS_INTERVAL);
+        }
+        return upgrade(cx, st);
+    }
+    if spec.restart_trigger.is_some() && spec.restart_trigger != st.observed_restart_trigger {
+        st.observed_restart_trigger = spec.restart_trigger.clone();
+        new_run(cx, st, Some(LATEST.into()), None);
+        return Step::to::<Running, Recovering>()
+            .event("RestartRequested", "spec.restartTrigger changed: restarting from the latest completed checkpoint")
+            .message("restarting from the latest completed checkpoint (spec.restartTrigger)")
+            .requeue(Duration::ZERO);
+    }
+    if spec.savepoint_trigger.is_some() && spec.savepoint_trigger != st.observed_savepoint_trigger {
+        let effects = savepoint::begin(cx, st, SavepointReason::Trigger);
+        return Step::to::<Running, Savepointing>()
+            .effects(effects)
+            .event("SavepointRequested", "spec.savepointTrigger changed: taking a savepoint")
+            .message("taking a savepoint (spec.savepointTrigger)")
+            .requeue(Duration::from_millis(500));
+    }
+    let mut step = Step::stay::<Running>().requeue(PROGRESS_INTERVAL);
+    if spec.initial_savepoint.is_some() && spec.initial_savepoint != st.initial_savepoint {
+        step = step.message("running; spec.initialSavepoint changed but applies only to a job's first deployment: to start from it, create a new StreamJob");
+    } else if let Some(c) = &st.last_checkpoint {
+        step = step.message(format!("running; checkpoint {} complete", c.id));
+    }
+    if let Some(held) = &held {
+        let m = match &st.last_checkpoint {
+            Some(c) => format!("running; checkpoint {} complete; {held}", c.id),
+            None => format!("running; {held}"),
+        };
+        step = step.message(m);
+    }
+    if let Some(m) = stalling {
+        step = step.degraded("CheckpointsStalled", m);
+    } else if let Some(held) = held {
+        step = step.degraded(weir_api::streamjob::ready_reasons::ROLLED_BACK, held);
+    } else if st.restarts_in_a_row > 0 {
+        let why = st.last_failure.as_ref().map(|f| f.message.clone()).unwrap_or_default();
+        step = step.degraded("RecentRestart", format!("restarted after a failure and no checkpoint completed since: {why}"));
+    }
+    step
 }
 
 /// While a savepoint for the pending change failed recently, how long to wait.
@@ -189,17 +216,29 @@ fn upgrade(cx: &Cx, st: &mut StreamJobStatus) -> Step {
         }
         UpgradeMode::LastState => {
             new_run(cx, st, Some(LATEST.into()), None);
-            Step::to::<Running, Upgrading>()
-                .event("Upgrading", "spec changed: stopping the pods; the new pods restore from the latest completed checkpoint (upgradeMode: last-state)")
-                .message("upgrading from the latest completed checkpoint")
-                .requeue(Duration::ZERO)
+            let (warning, trial) = rollback::open_trial(cx, st, None);
+            let step = Step::to::<Running, Upgrading>()
+                .event("Upgrading", format!("spec changed: stopping the pods; the new pods restore from the latest completed checkpoint (upgradeMode: last-state){trial}"))
+                .message(format!("upgrading from the latest completed checkpoint{trial}"))
+                .requeue(Duration::ZERO);
+            unavailable(step, warning)
         }
         UpgradeMode::Stateless => {
             new_run(cx, st, None, None);
-            Step::to::<Running, Upgrading>()
-                .event("Upgrading", "spec changed: stopping the pods; the new pods start without state (upgradeMode: stateless)")
-                .message("upgrading: starting fresh (stateless)")
-                .requeue(Duration::ZERO)
+            let (warning, trial) = rollback::open_trial(cx, st, None);
+            let step = Step::to::<Running, Upgrading>()
+                .event("Upgrading", format!("spec changed: stopping the pods; the new pods start without state (upgradeMode: stateless){trial}"))
+                .message(format!("upgrading: starting fresh (stateless){trial}"))
+                .requeue(Duration::ZERO);
+            unavailable(step, warning)
         }
+    }
+}
+
+/// Adds the warning that rollback is enabled but this upgrade cannot be rolled back.
+fn unavailable(step: Step, warning: Option<String>) -> Step {
+    match warning {
+        Some(w) => step.warning("RollbackUnavailable", w),
+        None => step,
     }
 }

@@ -57,6 +57,10 @@ pub(super) fn finish(cx: &Cx, mut st: StreamJobStatus, before: Option<Phase>, st
             let reason = st.last_failure.as_ref().map(|f| f.reason.clone()).unwrap_or_else(|| "Failed".into());
             Some((reason, message.clone()))
         }
+        (None, Some(Phase::RollingBack), _) => {
+            let reason = st.rollback.as_ref().map(|r| r.reason.clone()).unwrap_or_else(|| "RollingBack".into());
+            Some((reason, message.clone()))
+        }
         // A refused generation needs attention in every phase, also while
         // the previous spec keeps running or a run of it is starting.
         (None, _, Err(why)) => Some((why.reason.to_string(), format!("spec not applied: {why}"))),
@@ -66,7 +70,7 @@ pub(super) fn finish(cx: &Cx, mut st: StreamJobStatus, before: Option<Phase>, st
     set_condition(&mut st.conditions, condition_types::READY, ready.ready, &ready.reason, &ready.message, generation, now);
     let progressing = matches!(
         next,
-        Some(Phase::Deploying | Phase::Savepointing | Phase::Upgrading | Phase::Recovering | Phase::Suspending | Phase::Deleting)
+        Some(Phase::Deploying | Phase::Savepointing | Phase::Upgrading | Phase::RollingBack | Phase::Recovering | Phase::Suspending | Phase::Deleting)
     );
     set_condition(&mut st.conditions, condition_types::PROGRESSING, progressing, &phase, &message, generation, now);
     match &degraded {

@@ -8,7 +8,8 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use weir_api::streamjob::{Failure, StreamJobStatus};
 
-use super::run::{advance, after_failure, new_run, record_progress, restored_from, Progress};
+use super::rollback::{self, after_failure};
+use super::run::{advance, new_run, record_progress, restored_from, Progress};
 use super::savepoint::{self, Wait};
 use super::{Cx, Finished, Running, State, Step};
 use crate::observe::RunHealth;
@@ -21,6 +22,9 @@ impl State for Upgrading {
     fn step(cx: &Cx, st: &mut StreamJobStatus) -> Step {
         if st.pending_savepoint.is_some() {
             return await_savepoint(cx, st);
+        }
+        if let Some(step) = rollback::when_due::<Upgrading>(cx, st) {
+            return step;
         }
         match advance(cx, st) {
             Progress::Waiting(w) => w.step::<Upgrading>("upgrading: "),
@@ -46,7 +50,13 @@ fn await_savepoint(cx: &Cx, st: &mut StreamJobStatus) -> Step {
             // consistent state is the latest checkpoint; say so loudly.
             st.pending_savepoint = None;
             let m = format!("{message}, before the upgrade savepoint completed; the new spec starts from the latest completed checkpoint instead");
-            return after_failure::<Upgrading>(cx, st, &reason, &m, fatal);
+            let step = super::run::after_failure::<Upgrading>(cx, st, &reason, &m, fatal);
+            // The new spec's run restores from the latest checkpoint: an upgrade all the same.
+            let (warning, _) = rollback::open_trial(cx, st, None);
+            return match warning {
+                Some(w) => step.warning("RollbackUnavailable", w),
+                None => step,
+            };
         }
     }
     record_progress(cx, st);
@@ -55,10 +65,15 @@ fn await_savepoint(cx: &Cx, st: &mut StreamJobStatus) -> Step {
         Wait::Completed(sp) => {
             let m = savepoint::record(cx, st, &sp);
             new_run(cx, st, Some(sp.location.clone()), None);
-            Step::stay::<Upgrading>()
-                .event("SavepointCompleted", format!("{m}; stopping the old pods, then starting the new spec from it"))
-                .message(format!("upgrading: {m}; stopping the old pods"))
-                .requeue(Duration::ZERO)
+            let (warning, trial) = rollback::open_trial(cx, st, Some(sp.location.clone()));
+            let step = Step::stay::<Upgrading>()
+                .event("SavepointCompleted", format!("{m}; stopping the old pods, then starting the new spec from it{trial}"))
+                .message(format!("upgrading: {m}; stopping the old pods{trial}"))
+                .requeue(Duration::ZERO);
+            match warning {
+                Some(w) => step.warning("RollbackUnavailable", w),
+                None => step,
+            }
         }
         Wait::Failed(why) => {
             let cancel = savepoint::give_up(cx, st);

@@ -15,15 +15,15 @@ mod validation;
 use kube::CustomResourceExt;
 
 pub use spec::{
-    check_job_name, CheckpointSettings, JobState, RestartBackoff, StreamJob, StreamJobSpec,
-    UpgradeMode, DEFAULT_CPU_REQUEST, DEFAULT_MEMORY_LIMIT, DEFAULT_MEMORY_REQUEST,
+    check_job_name, CheckpointSettings, JobState, RestartBackoff, RollbackSettings, StreamJob,
+    StreamJobSpec, UpgradeMode, UpgradeSettings, DEFAULT_READINESS_TIMEOUT_MS, DEFAULT_CPU_REQUEST, DEFAULT_MEMORY_LIMIT, DEFAULT_MEMORY_REQUEST,
     MAX_NAME_LENGTH, MAX_PARALLELISM_LIMIT, NAME_LENGTH_MESSAGE, NAME_LENGTH_RULE,
     NAME_SYNTAX_MESSAGE, NAME_SYNTAX_RULE, S3Storage, S3_ENDPOINT_MESSAGE, S3_ENDPOINT_RULE,
     STORAGE_URI_MESSAGE, STORAGE_URI_RULE,
 };
 pub use status::{
-    condition_types, ready_reasons, CheckpointRef, Failure, PendingSavepoint, Phase, RunStatus, SavepointReason,
-    SavepointRef, StreamJobStatus, SAVEPOINT_HISTORY_LIMIT,
+    condition_types, ready_reasons, CheckpointRef, Failure, PendingSavepoint, Phase, RollbackRecord, RunStatus,
+    SavepointReason, SavepointRef, StableSpec, StreamJobStatus, UpgradeTrial, SAVEPOINT_HISTORY_LIMIT,
 };
 pub use validation::{PipelineDocument, PIPELINE_ERROR_NAME};
 

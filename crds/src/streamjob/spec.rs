@@ -302,6 +302,49 @@ pub struct StreamJobSpec {
     /// waits for and when the deadline is.
     #[serde(default = "default_deploy_timeout")]
     pub deploy_timeout: HumanDuration,
+
+    /// What happens to an upgrade (a spec change that needs new pods) whose
+    /// new spec does not become healthy: `rollback`.
+    #[serde(default)]
+    pub upgrade: UpgradeSettings,
+}
+
+/// Settings of upgrades beyond `upgradeMode`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradeSettings {
+    /// Rolling back an upgrade whose new spec does not become healthy, as the
+    /// Flink operator's `kubernetes.operator.deployment.rollback.enabled`.
+    #[serde(default)]
+    pub rollback: RollbackSettings,
+}
+
+/// `spec.upgrade.rollback`: an upgrade of a running job whose new spec does
+/// not become healthy (every worker running and its first checkpoint
+/// completed) within `readinessTimeout`, or fails in a way a restart does
+/// not fix, is rolled back once to the last spec that ran healthy, restored
+/// from the upgrade's savepoint (upgradeMode savepoint), the latest completed
+/// checkpoint (last-state) or nothing (stateless). The new generation is not
+/// tried again until the spec changes (a new metadata.generation); status
+/// says `RolledBack` and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RollbackSettings {
+    /// Off by default: a new spec that does not become healthy is restarted
+    /// with backoff and fails by deployTimeout or restartBackoff.limit.
+    #[serde(default)]
+    pub enabled: bool,
+    /// How long the new spec has, from the moment its upgrade stops the old
+    /// pods, to run every worker and complete its first checkpoint (a job
+    /// that takes no checkpoints: to run every worker).
+    #[serde(default = "default_readiness_timeout")]
+    pub readiness_timeout: HumanDuration,
+}
+
+impl Default for RollbackSettings {
+    fn default() -> Self {
+        RollbackSettings { enabled: false, readiness_timeout: default_readiness_timeout() }
+    }
 }
 
 /// Accepted checkpoint storage locations: `file:///abs/path`, `s3://bucket/prefix`, or
@@ -478,6 +521,13 @@ pub const DEFAULT_DEPLOY_TIMEOUT_MS: u64 = 10 * 60_000;
 
 fn default_deploy_timeout() -> HumanDuration {
     HumanDuration::from_millis(DEFAULT_DEPLOY_TIMEOUT_MS)
+}
+
+/// As the Flink operator's `kubernetes.operator.deployment.readiness.timeout`.
+pub const DEFAULT_READINESS_TIMEOUT_MS: u64 = 5 * 60_000;
+
+fn default_readiness_timeout() -> HumanDuration {
+    HumanDuration::from_millis(DEFAULT_READINESS_TIMEOUT_MS)
 }
 
 // Same defaults as the pipeline format, so that a job behaves the same under `weir run`.

@@ -42,6 +42,15 @@ pub mod ready_reasons {
     /// The judged generation differs from the running one and its upgrade
     /// has not started yet.
     pub const UPGRADE_PENDING: &str = "UpgradePending";
+    /// The judged generation was rolled back (spec.upgrade.rollback): it did
+    /// not become healthy in time, or failed; the last spec that ran healthy
+    /// runs instead, and the judged generation is not tried again until the
+    /// spec changes.
+    pub const ROLLED_BACK: &str = "RolledBack";
+    /// The judged generation runs but has not completed its first checkpoint
+    /// yet: with spec.upgrade.rollback it is rolled back if it does not by
+    /// the deadline in `status.upgradeTrial`.
+    pub const AWAITING_CHECKPOINT: &str = "AwaitingCheckpoint";
     /// The judged generation asks for suspension and its savepoint failed;
     /// the job keeps running and the suspension is retried.
     pub const SUSPEND_FAILED: &str = "SuspendFailed";
@@ -148,6 +157,23 @@ pub struct StreamJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed_generation: Option<i64>,
 
+    /// The last spec that ran healthy (every worker up and a checkpoint
+    /// completed): what a failed upgrade rolls back to (spec.upgrade.rollback).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_stable_spec: Option<StableSpec>,
+
+    /// An upgrade whose new spec has not proven healthy yet, with
+    /// spec.upgrade.rollback enabled: it is rolled back unless its run comes
+    /// up and completes a checkpoint by `deadline`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade_trial: Option<UpgradeTrial>,
+
+    /// The generation that was rolled back, why, and to what. Kept while that
+    /// generation is the current one: the operator does not try it again
+    /// until the spec changes (a new metadata.generation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback: Option<RollbackRecord>,
+
     /// Pods of earlier runs that did not go away when deleted (their node is
     /// lost or cut off, their processes frozen). New runs do not wait for
     /// them: the run fence in the job's storage keeps them from completing a
@@ -168,6 +194,8 @@ pub enum Phase {
     Running,
     Savepointing,
     Upgrading,
+    /// A failed upgrade goes back to the last spec that ran healthy.
+    RollingBack,
     Recovering,
     Suspending,
     Suspended,
@@ -315,6 +343,62 @@ impl RunStatus {
 
 fn is_zero(n: &i32) -> bool {
     *n == 0
+}
+
+/// A spec that ran healthy, kept whole so that a rollback can build its pods
+/// again after the pipeline ConfigMap was overwritten by the failed upgrade.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StableSpec {
+    /// The hash of its pod-shaping fields (as `run.specHash`).
+    pub spec_hash: String,
+    /// The newest metadata.generation that ran with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    /// The spec, as JSON.
+    pub spec: String,
+}
+
+/// An upgrade on trial (spec.upgrade.rollback).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradeTrial {
+    /// The generation being tried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    /// The hash of its spec.
+    pub spec_hash: String,
+    /// When its upgrade decided the new run (the old pods start stopping).
+    pub started_at: Time,
+    /// The run must be healthy (every worker up, a checkpoint completed) by then.
+    pub deadline: Time,
+    /// The upgrade's savepoint, when it took one (upgradeMode savepoint).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub savepoint: Option<String>,
+}
+
+/// A rollback: the generation that was given up and the spec that runs instead.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RollbackRecord {
+    /// The generation rolled back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    /// The hash of its spec.
+    pub spec_hash: String,
+    /// The generation of the spec rolled back to (the last that ran healthy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_generation: Option<i64>,
+    /// The hash of that spec.
+    pub to_spec_hash: String,
+    /// What the rollback restores: a location, `latest`, or nothing (fresh).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_from: Option<String>,
+    /// Why: `ReadinessTimeout`, or the failure a restart does not fix.
+    pub reason: String,
+    pub message: String,
+    /// When it was decided.
+    pub time: Time,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]

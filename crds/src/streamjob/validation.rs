@@ -217,6 +217,12 @@ impl StreamJobSpec {
                 "expected a duration above 0, such as 10m",
             ));
         }
+        if self.upgrade.rollback.readiness_timeout.is_zero() {
+            return Err(spec_invalid(
+                "upgrade.rollback.readinessTimeout",
+                "expected a duration above 0, such as 5m",
+            ));
+        }
         if self.savepoint_timeout.is_zero() {
             return Err(spec_invalid(
                 "savepointTimeout",

@@ -13,6 +13,7 @@ use crate::observe::{Observed, PodView, Rejection, START_GRACE};
 use crate::testing::{exited, pod, JobBuilder};
 
 mod readiness;
+mod rollback;
 mod stuck;
 
 /// A job and the world around it, advanced one reconcile at a time.

@@ -77,6 +77,8 @@ fn defaults_apply_to_what_the_manifest_does_not_write() {
     assert!(!spec.allow_non_restored_state);
     assert_eq!(spec.savepoint_timeout.to_string(), "5m");
     assert_eq!(spec.deploy_timeout.to_string(), "10m");
+    assert!(!spec.upgrade.rollback.enabled, "rollback is opt-in, as in the Flink operator");
+    assert_eq!(spec.upgrade.rollback.readiness_timeout.to_string(), "5m");
     assert_eq!(
         (
             spec.guarantee,
@@ -319,6 +321,19 @@ fn a_deploy_timeout_of_zero_is_refused_naming_the_field() {
     let job = parse(&with(minimal(), "/spec/deployTimeout", json!("90s")));
     assert_eq!(job.spec.deploy_timeout.get(), std::time::Duration::from_secs(90));
     assert!(job.spec.validate().is_ok());
+}
+
+#[test]
+fn rollback_settings_parse_and_a_readiness_timeout_of_zero_is_refused_naming_the_field() {
+    let job = parse(&with(minimal(), "/spec/upgrade", json!({"rollback": {"enabled": true, "readinessTimeout": "0s"}})));
+    let err = job.spec.validate().unwrap_err().to_string();
+    assert!(err.contains("upgrade.rollback.readinessTimeout: expected a duration above 0"), "{err}");
+    let job = parse(&with(minimal(), "/spec/upgrade", json!({"rollback": {"enabled": true, "readinessTimeout": "90s"}})));
+    assert!(job.spec.upgrade.rollback.enabled);
+    assert_eq!(job.spec.upgrade.rollback.readiness_timeout.get(), std::time::Duration::from_secs(90));
+    assert!(job.spec.validate().is_ok());
+    let job = parse(&with(minimal(), "/spec/upgrade", json!({"rollback": {"enabled": true}})));
+    assert_eq!(job.spec.upgrade.rollback.readiness_timeout.to_string(), "5m");
 }
 
 #[test]
