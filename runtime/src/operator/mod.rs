@@ -21,7 +21,7 @@ use datafusion_common::DataFusionError;
 use crate::error::{Error, Result};
 use crate::plan::{CompiledExpr, OperatorKind, OperatorPlan};
 
-pub use join::{IntervalJoin, WindowJoin};
+pub use join::{IntervalJoin, RegularJoin, WindowJoin};
 pub use running::RunningAggregate;
 pub use window::WindowAggregate;
 
@@ -54,6 +54,7 @@ pub enum Operator {
     Window(WindowAggregate),
     IntervalJoin(IntervalJoin),
     WindowJoin(WindowJoin),
+    Join(RegularJoin),
 }
 
 impl Operator {
@@ -105,6 +106,16 @@ impl Operator {
                 parallelism,
                 max_parallelism,
             )?),
+            OperatorKind::Join(j) => Operator::Join(RegularJoin::new(
+                plan.id.clone(),
+                plan.step.clone(),
+                j,
+                plan.output_schema.clone(),
+                subtask,
+                parallelism,
+                max_parallelism,
+                join::wall_clock(),
+            )?),
         })
     }
 
@@ -115,6 +126,7 @@ impl Operator {
             Operator::Window(w) => w.id(),
             Operator::IntervalJoin(j) => j.id(),
             Operator::WindowJoin(j) => j.id(),
+            Operator::Join(j) => j.id(),
         }
     }
 
@@ -124,6 +136,7 @@ impl Operator {
         match self {
             Operator::IntervalJoin(j) => j.process(input, batch),
             Operator::WindowJoin(j) => j.process(input, batch),
+            Operator::Join(j) => j.process(input, batch),
             _ => self.process(batch),
         }
     }
@@ -152,6 +165,7 @@ impl Operator {
             Operator::Window(w) => w.process(batch),
             Operator::IntervalJoin(j) => j.process(0, batch),
             Operator::WindowJoin(j) => j.process(0, batch),
+            Operator::Join(j) => j.process(0, batch),
         }
     }
 
@@ -202,6 +216,7 @@ impl Operator {
             Operator::Window(w) => vec![w.id().to_string()],
             Operator::IntervalJoin(j) => j.state_ids().to_vec(),
             Operator::WindowJoin(j) => j.state_ids().to_vec(),
+            Operator::Join(j) => j.state_ids().to_vec(),
             Operator::Filter { .. } | Operator::Select { .. } => Vec::new(),
         }
     }
@@ -220,6 +235,14 @@ impl Operator {
                 })
                 .collect(),
             Operator::WindowJoin(j) => j
+                .snapshot()
+                .into_iter()
+                .map(|(id, copy)| {
+                    let context = format!("{id} ({})", j.id());
+                    (id, StateCopy::deferred(move || copy.into_batch(&context)))
+                })
+                .collect(),
+            Operator::Join(j) => j
                 .snapshot()
                 .into_iter()
                 .map(|(id, copy)| {
@@ -260,6 +283,7 @@ impl Operator {
             Operator::Window(w) => w.restore(batch, location),
             Operator::IntervalJoin(j) => j.restore(state_id, batch, location),
             Operator::WindowJoin(j) => j.restore(state_id, batch, location),
+            Operator::Join(j) => j.restore(state_id, batch, location),
             Operator::Filter { .. } | Operator::Select { .. } => Ok(()),
         }
     }

@@ -131,9 +131,9 @@ fn operator(op: &OperatorPlan, input: &Schema) -> String {
                 keys(&j.left),
                 keys(&j.right),
                 j.right.name,
-                column(&j.right.schema, j.right.time_index),
+                time_column(&j.right),
                 j.left.name,
-                column(&j.left.schema, j.left.time_index),
+                time_column(&j.left),
                 j.lower_ms,
                 j.upper_ms
             )
@@ -145,10 +145,19 @@ fn operator(op: &OperatorPlan, input: &Schema) -> String {
                 None if j.size_ms == j.slide_ms => format!("tumbling windows of {} ms", j.size_ms),
                 None => format!("sliding windows of {} ms every {} ms", j.size_ms, j.slide_ms),
             };
-            let time = |side: &JoinSide| format!("{}.{}", side.name, column(&side.schema, side.time_index));
+            let time = |side: &JoinSide| format!("{}.{}", side.name, time_column(side));
             format!("window join on [{}] = [{}], {shape} on {} and {}", keys(&j.left), keys(&j.right), time(&j.left), time(&j.right))
         }
+        OperatorKind::Join(j) => {
+            let keys = |side: &JoinSide| columns(&side.schema, &side.key_indices);
+            format!("join on [{}] = [{}], each record kept {} ms after it arrived", keys(&j.left), keys(&j.right), j.ttl_ms)
+        }
     }
+}
+
+/// A join side's event-time column, by name.
+fn time_column(side: &JoinSide) -> String {
+    side.time_index.map(|i| column(&side.schema, i)).unwrap_or_else(|| "(no event time)".into())
 }
 
 fn window(w: &WindowPlan, input: &Schema) -> String {

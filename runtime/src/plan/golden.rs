@@ -53,6 +53,11 @@ fn the_graph_example_plans_as_kept() {
 }
 
 #[test]
+fn the_join_example_plans_as_kept() {
+    golden("join", "examples/join.yaml", &example("join.yaml"));
+}
+
+#[test]
 fn a_graph_of_fan_out_union_and_broadcast_plans_as_kept() {
     golden(
         "fan-out-union-broadcast",

@@ -15,10 +15,10 @@
 use std::sync::Arc;
 
 use arrow::datatypes::{DataType, Field, Schema};
-use weir_api::pipeline::{IntervalJoinSpec, IntervalJoinType, WindowJoinSpec, WindowKind};
+use weir_api::pipeline::{IntervalJoinSpec, IntervalJoinType, JoinSpec, WindowJoinSpec, WindowKind};
 
 use super::steps::{StepAt, Stream};
-use super::{names, IntervalJoinPlan, JoinSide, OperatorKind, OperatorPlan, WindowJoinPlan};
+use super::{names, IntervalJoinPlan, JoinSide, OperatorKind, OperatorPlan, RegularJoinPlan, WindowJoinPlan};
 use crate::error::Result;
 use crate::key_group::is_key_type;
 
@@ -90,6 +90,22 @@ pub(super) fn plan_window_join(inputs: Inputs, spec: &WindowJoinSpec, at: StepAt
     Ok(PlannedJoin { operator, output, left_keys, right_keys })
 }
 
+/// A regular join: every pair of one key, whenever its records arrive,
+/// each kept `ttl` after it arrived. Its output has no event time (a pair
+/// may be far behind the watermark) and is insert-only.
+pub(super) fn plan_regular_join(inputs: Inputs, spec: &JoinSpec, at: StepAt) -> Result<PlannedJoin> {
+    let right_on = spec.right_on.as_deref().unwrap_or(&spec.on);
+    let (left_keys, right_keys) = join_keys(&inputs, &spec.on, right_on, spec.right_on.is_some(), &at)?;
+    let keyed = |(name, stream): (&str, &Stream), key_indices: Vec<usize>| JoinSide { name: name.to_string(), schema: stream.schema.clone(), key_indices, time_index: None };
+    let left = keyed(inputs.left, left_keys.clone());
+    let right = keyed(inputs.right, right_keys.clone());
+    let schema = joined_schema(&inputs, false, &at)?;
+    let output = Stream { schema: schema.clone(), keys: Some(spec.on.clone()), event_time: None };
+    let plan = RegularJoinPlan { left, right, ttl_ms: spec.ttl.get().as_millis() as i64 };
+    let operator = OperatorPlan { id: at.id, step: at.field, kind: OperatorKind::Join(plan), output_schema: schema };
+    Ok(PlannedJoin { operator, output, left_keys, right_keys })
+}
+
 /// The key columns of each side, pairwise of one type that hashes into key
 /// groups (so that equal keys of both sides meet in one subtask).
 fn join_keys(inputs: &Inputs, on: &[String], right_on: &[String], right_written: bool, at: &StepAt) -> Result<(Vec<usize>, Vec<usize>)> {
@@ -132,7 +148,7 @@ fn side(join: &str, (name, stream): (&str, &Stream), key_indices: Vec<usize>, at
     let (time_index, _) = stream.schema.column_with_name(field).ok_or_else(|| {
         at.invalid(format!("`{join}`: `{name}` no longer has its event-time field `{field}` (a select dropped it): keep it to join by time"))
     })?;
-    Ok(JoinSide { name: name.to_string(), schema: stream.schema.clone(), key_indices, time_index })
+    Ok(JoinSide { name: name.to_string(), schema: stream.schema.clone(), key_indices, time_index: Some(time_index) })
 }
 
 /// The left fields, then the right ones renamed where they clash (and

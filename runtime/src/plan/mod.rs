@@ -147,13 +147,15 @@ pub enum OperatorKind {
     IntervalJoin(IntervalJoinPlan),
     /// Like the interval join, the first operator of its stage.
     WindowJoin(WindowJoinPlan),
+    /// A regular join, likewise.
+    Join(RegularJoinPlan),
 }
 
 impl OperatorKind {
     /// Whether the operator reads its stage's inputs apart (a join), rather
     /// than one stream that a union merged.
     pub fn reads_inputs_apart(&self) -> bool {
-        matches!(self, OperatorKind::IntervalJoin(_) | OperatorKind::WindowJoin(_))
+        matches!(self, OperatorKind::IntervalJoin(_) | OperatorKind::WindowJoin(_) | OperatorKind::Join(_))
     }
 }
 
@@ -165,7 +167,7 @@ impl OperatorPlan {
     pub fn state_ids(&self) -> Vec<String> {
         match &self.kind {
             OperatorKind::Running(_) | OperatorKind::Window(_) => vec![self.id.clone()],
-            OperatorKind::IntervalJoin(_) | OperatorKind::WindowJoin(_) => vec![format!("{}.left", self.id), format!("{}.right", self.id)],
+            OperatorKind::IntervalJoin(_) | OperatorKind::WindowJoin(_) | OperatorKind::Join(_) => vec![format!("{}.left", self.id), format!("{}.right", self.id)],
             OperatorKind::Filter(_) | OperatorKind::Select(_) => Vec::new(),
         }
     }
@@ -179,7 +181,8 @@ pub struct JoinSide {
     pub name: String,
     pub schema: SchemaRef,
     pub key_indices: Vec<usize>,
-    pub time_index: usize,
+    /// The event-time column, for the joins by time.
+    pub time_index: Option<usize>,
 }
 
 /// Pairs of a left and a right record of one key with `right.t` in
@@ -206,6 +209,15 @@ pub struct WindowJoinPlan {
     pub slide_ms: i64,
     /// Session windows, merged over the records of both sides.
     pub session_gap_ms: Option<i64>,
+}
+
+/// Every pair of a left and a right record of one key, output when the
+/// second of them arrives; each record is kept `ttl_ms` after it arrived.
+#[derive(Clone, Debug)]
+pub struct RegularJoinPlan {
+    pub left: JoinSide,
+    pub right: JoinSide,
+    pub ttl_ms: i64,
 }
 
 /// A window function over one column (none for count).

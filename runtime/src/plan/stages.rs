@@ -133,6 +133,7 @@ impl<'a> Cutting<'a> {
             StepKind::Union => self.union(node)?,
             StepKind::IntervalJoin(spec) => self.join(node, |inputs| joins::plan_interval_join(inputs, spec, at))?,
             StepKind::WindowJoin(spec) => self.join(node, |inputs| joins::plan_window_join(inputs, spec, at))?,
+            StepKind::Join(spec) => self.join(node, |inputs| joins::plan_regular_join(inputs, spec, at))?,
             kind => {
                 let (stage, mut stream) = self.chained(&node.name, input(node)?)?;
                 let op = steps::plan_operator(&mut stream, kind, at)?;

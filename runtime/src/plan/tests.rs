@@ -56,9 +56,9 @@ fn aggregating_a_string_field_is_rejected_with_the_type() {
 
 #[test]
 fn the_joins_not_planned_yet_are_refused_naming_the_field() {
-    let text = "name: t\nsources:\n  a: {generator: {}, event_time: {field: value}}\n  b: {generator: {}, event_time: {field: value}}\nsteps:\n  - {name: j, input: [a, b], join: {on: [key], ttl: 1m}}\nsinks:\n  out: {input: j, blackhole: {}}\n";
+    let text = "name: t\nsources:\n  a: {generator: {}, event_time: {field: value}}\nsteps:\n  - {name: j, input: a, lookup_join: {on: key, postgres: {connection: host=h, table: t, key: [id], columns: {n: string}}, cache: {max_rows: 10, ttl: 1m}}}\nsinks:\n  out: {input: j, blackhole: {}}\n";
     let err = plan_text(text).err().map(|e| e.to_string());
-    assert_eq!(err.as_deref(), Some("p.yaml:6: steps[0].join: `j`: join steps are not supported yet"));
+    assert_eq!(err.as_deref(), Some("p.yaml:5: steps[0].lookup_join: `j`: lookup_join steps are not supported yet"));
 }
 
 /// Two file sources with event time, joined by `join` (a YAML map).
@@ -80,6 +80,21 @@ fn an_interval_join_reads_both_inputs_by_hash_on_their_keys_and_renames_the_righ
     let described = p.describe();
     assert!(described.contains("stage 2 (`matched`) reads stage 0 by hash [id] (id Int64?, amount Float64?, ts Int64?) and stage 1 by hash [order] (order Int64?"), "{described}");
     assert!(described.contains("interval join (left outer) on [id] = [order], payments.ts in [orders.ts +0 ms, +3600000 ms]"), "{described}");
+}
+
+#[test]
+fn a_regular_join_needs_no_event_time_and_its_output_has_none() {
+    let text = "name: t\nsources:\n  a: {generator: {}}\n  b: {generator: {}}\nsteps:\n  - {name: j, input: [a, b], join: {on: key, ttl: 1h}}\nsinks:\n  out: {input: j, blackhole: {}}\n";
+    let p = plan_text(text).unwrap();
+    let join = &p.stages[2];
+    assert_eq!(join.inputs.iter().map(|i| i.from_stage).collect::<Vec<_>>(), [0, 1]);
+    assert!(join.inputs.iter().all(|i| matches!(i.edge, EdgeKind::Hash { .. })), "both inputs by hash");
+    assert!(p.stateful_operator_ids().contains(&"j.left".to_string()) && p.stateful_operator_ids().contains(&"j.right".to_string()));
+    let described = p.describe();
+    assert!(described.contains("join on [key] = [key], each record kept 3600000 ms after it arrived"), "{described}");
+    let windowed = text.replace("sinks:", "  - {name: w, input: j, window: {tumbling: 1s, aggregates: [{count: n}]}}\nsinks:").replace("input: j, blackhole", "input: w, blackhole");
+    let err = plan_text(&windowed).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains("steps[1].window") && err.contains("event time"), "a window after a regular join is refused for want of event time: {err}");
 }
 
 #[test]

@@ -142,3 +142,27 @@ fn the_graph_example_runs_and_counts_each_key_from_its_one_source() {
     assert_eq!(lines.len() as i64, expected.values().sum::<i64>());
     assert_eq!(last, expected);
 }
+
+#[test]
+fn the_join_example_runs_and_counts_every_pair_of_each_key_once() {
+    let yaml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/join.yaml")).unwrap();
+    let job = Job::with_pipeline(&yaml.replace("name: join", "name: eo-test").replace("out/join", "out/eo"), 0, 100);
+    let out = wait_with_timeout(job.spawn(&[]), Duration::from_secs(120));
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Per key, every order (seq < 4000) with every shipment (seq < 3000).
+    let mut orders: BTreeMap<i64, i64> = BTreeMap::new();
+    let mut shipments: BTreeMap<i64, i64> = BTreeMap::new();
+    (0..4000i64).for_each(|seq| *orders.entry(seq % 1000).or_default() += 1);
+    (0..3000i64).for_each(|seq| *shipments.entry(seq % 1000).or_default() += 1);
+    let expected: BTreeMap<i64, i64> = orders.iter().map(|(k, n)| (*k, n * shipments.get(k).copied().unwrap_or(0))).collect();
+    let mut last: BTreeMap<i64, i64> = BTreeMap::new();
+    let lines = job.committed_lines();
+    for l in &lines {
+        let (key, pairs) = (l["key"].as_i64().unwrap(), l["pairs"].as_i64().unwrap());
+        assert_eq!(l["shipments_key"].as_i64(), Some(key), "a pair of two keys: {l}");
+        let top = last.entry(key).or_default();
+        *top = (*top).max(pairs);
+    }
+    assert_eq!(lines.len() as i64, expected.values().sum::<i64>(), "one line per pair");
+    assert_eq!(last, expected);
+}

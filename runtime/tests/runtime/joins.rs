@@ -259,3 +259,40 @@ fn a_session_window_join_restores_after_whole_tree_kills_at_another_parallelism(
     assert!(expected.len() > 10_000, "the input pairs too little to prove anything: {}", expected.len());
     assert_window_output(&job, &expected);
 }
+
+/// The regular join by its definition: every (order, payment) of one id,
+/// whatever their times (nothing here outlives the one-hour TTL).
+fn every_pair_of_one_id(inputs: &Inputs) -> BTreeMap<(i64, Option<i64>), u32> {
+    inputs.nested_loop(i64::MIN / 4, i64::MAX / 4, false)
+}
+
+#[test]
+fn a_regular_join_outputs_every_pair_of_one_key_once_under_worker_kills() {
+    let inputs = Inputs::new(6, 16_000, 4_000);
+    let job = join_job(2, &inputs, "join: {on: id, right_on: order, ttl: 1h}", "", "15ms");
+    let out = run_with_worker_kills(&job, 4, |_| {});
+    assert!(stderr(&out).contains("restarting"), "no restart was reported:\n{}", stderr(&out));
+    let expected = every_pair_of_one_id(&inputs);
+    assert!(expected.len() > 10_000, "the input pairs too little to prove anything: {}", expected.len());
+    assert_output(&job, &inputs, &expected);
+}
+
+#[test]
+fn a_regular_join_restores_its_kept_rows_after_whole_tree_kills_at_another_parallelism() {
+    let inputs = Inputs::new(7, 16_000, 4_000);
+    let job = join_job(2, &inputs, "join: {on: id, right_on: order, ttl: 1h}", "", "20ms");
+    // The first checkpoint waits for its barriers behind the slowed
+    // batches (about 0.5 s), so each round lives past it.
+    kill_trees_then_restore_latest(&job, 1000..1800, Some("3"));
+    assert_output(&job, &inputs, &every_pair_of_one_id(&inputs));
+}
+
+#[test]
+fn a_regular_join_under_unaligned_checkpoints_restores_its_in_flight_records_at_another_parallelism() {
+    let inputs = Inputs::new(8, 16_000, 4_000);
+    let job = join_job(3, &inputs, "join: {on: id, right_on: order, ttl: 1h}", "  mode: unaligned\n", "10ms");
+    kill_once_the_latest_checkpoint_holds(&job, &[], "3", &["in-flight-2-", "in-flight-2.1-", "matched.left-", "matched.right-"]);
+    let out = wait_with_timeout(job.spawn(&["--restore", "latest", "--parallelism", "2"]), Duration::from_secs(240));
+    assert!(out.status.success(), "the rescaled run failed:\n{}", stderr(&out));
+    assert_output(&job, &inputs, &every_pair_of_one_id(&inputs));
+}

@@ -253,14 +253,14 @@ fn a_graph_with_fan_out_and_union_deploys_and_a_join_is_refused_naming_the_node(
     }
     assert_eq!(w.phase(), Some(Phase::Deploying));
     let steps = serde_json::json!([
-        {"name": "pairs", "input": ["gen", "gen"], "join": {"on": ["key"], "ttl": "1m"}},
+        {"name": "pairs", "input": "gen", "lookup_join": {"on": "key", "postgres": {"connection": "host=h", "table": "t", "key": ["id"], "columns": {"n": "string"}}, "cache": {"max_rows": 10, "ttl": "1m"}}},
     ]);
     let mut w = World::new(graph_job(steps, "pairs"));
     let d = w.step();
     assert_eq!(w.phase(), Some(Phase::Failed));
     assert!(d.effects.is_empty());
     let msg = d.status.message.unwrap();
-    assert!(msg.contains("spec.pipeline: steps[0].join: `pairs`: join steps are not supported yet"), "{msg}");
+    assert!(msg.contains("spec.pipeline: steps[0].lookup_join: `pairs`: lookup_join steps are not supported yet"), "{msg}");
 }
 
 #[test]

@@ -103,7 +103,7 @@ impl IntervalJoin {
     pub fn process(&mut self, input: usize, batch: RecordBatch) -> Result<Option<RecordBatch>> {
         let is_left = input == 0;
         let side = if is_left { &self.left } else { &self.right };
-        let time_index = side.format.plan.time_index;
+        let time_index = side.format.plan.time_index.ok_or_else(|| Error::Job(format!("{}: planned without event time", self.step)))?;
         let arrived = side.format.arrive(&batch, &self.step)?;
         let Some(times) = batch.column(time_index).as_primitive_opt::<Int64Type>() else {
             return Err(Error::Job(format!("{}: the event-time column is {}, not int64", self.step, batch.column(time_index).data_type())));

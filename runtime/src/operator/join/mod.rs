@@ -7,13 +7,19 @@
 //! combines watermarks over both inputs.
 
 mod interval;
+mod regular;
 mod side;
 mod window;
 
 pub use interval::IntervalJoin;
+pub use regular::{wall_clock, RegularJoin};
+#[cfg(test)]
+use regular::Clock;
 pub use window::WindowJoin;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod regular_tests;
 #[cfg(test)]
 mod window_tests;

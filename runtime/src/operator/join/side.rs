@@ -170,7 +170,10 @@ impl Side {
         let n = self.format.plan.schema.fields().len();
         let (input, arrived) = self.format.restored(batch, 1, context)?;
         let of = key_groups(&arrived.key_columns, input.num_rows(), max_parallelism)?;
-        let times = input.column(self.format.plan.time_index).as_primitive::<Int64Type>();
+        let time_index = self.format.plan.time_index.ok_or_else(|| Error::Job(format!("{context}: planned without event time")))?;
+        let Some(times) = input.column(time_index).as_primitive_opt::<Int64Type>() else {
+            return Err(Error::Job(format!("{context}: the restored event-time column is not int64")));
+        };
         let matched = self.keeps_matched.then(|| batch.column(n + 1).as_boolean().clone());
         for r in 0..input.num_rows() {
             if !groups.contains(&of[r]) || times.is_null(r) {

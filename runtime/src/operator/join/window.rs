@@ -90,7 +90,7 @@ impl WindowJoin {
     pub fn process(&mut self, input: usize, batch: RecordBatch) -> Result<Option<RecordBatch>> {
         let side = input.min(1);
         let format = &self.sides[side];
-        let time_index = format.plan.time_index;
+        let time_index = format.plan.time_index.ok_or_else(|| Error::Job(format!("{}: planned without event time", self.step)))?;
         let arrived = format.arrive(&batch, &self.step)?;
         let Some(times) = batch.column(time_index).as_primitive_opt::<Int64Type>() else {
             return Err(Error::Job(format!("{}: the event-time column is {}, not int64", self.step, batch.column(time_index).data_type())));

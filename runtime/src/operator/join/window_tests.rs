@@ -28,7 +28,7 @@ fn side_schema() -> SchemaRef {
 }
 
 fn plan(size: i64, slide: i64, gap: Option<i64>) -> (WindowJoinPlan, SchemaRef) {
-    let side = |name: &str| JoinSide { name: name.into(), schema: side_schema(), key_indices: vec![1], time_index: 2 };
+    let side = |name: &str| JoinSide { name: name.into(), schema: side_schema(), key_indices: vec![1], time_index: Some(2) };
     let mut fields: Vec<Field> = side_schema().fields().iter().map(|f| f.as_ref().clone()).collect();
     for f in side_schema().fields() {
         fields.push(Field::new(format!("b_{}", f.name()), f.data_type().clone(), false));
