@@ -21,7 +21,7 @@ use datafusion_common::DataFusionError;
 use crate::error::{Error, Result};
 use crate::plan::{CompiledExpr, OperatorKind, OperatorPlan};
 
-pub use join::{IntervalJoin, RegularJoin, WindowJoin};
+pub use join::{IntervalJoin, LookupJoin, RegularJoin, WindowJoin};
 pub use running::RunningAggregate;
 pub use window::WindowAggregate;
 
@@ -55,6 +55,7 @@ pub enum Operator {
     IntervalJoin(IntervalJoin),
     WindowJoin(WindowJoin),
     Join(RegularJoin),
+    Lookup(LookupJoin),
 }
 
 impl Operator {
@@ -116,6 +117,7 @@ impl Operator {
                 max_parallelism,
                 join::wall_clock(),
             )?),
+            OperatorKind::LookupJoin(l) => Operator::Lookup(LookupJoin::new(plan.id.clone(), plan.step.clone(), l, plan.output_schema.clone())),
         })
     }
 
@@ -127,6 +129,7 @@ impl Operator {
             Operator::IntervalJoin(j) => j.id(),
             Operator::WindowJoin(j) => j.id(),
             Operator::Join(j) => j.id(),
+            Operator::Lookup(l) => l.id(),
         }
     }
 
@@ -138,6 +141,25 @@ impl Operator {
             Operator::WindowJoin(j) => j.process(input, batch),
             Operator::Join(j) => j.process(input, batch),
             _ => self.process(batch),
+        }
+    }
+
+    /// Connects what an operator reads outside the job (a lookup join's
+    /// table) and checks it, before any record comes; `input` is the
+    /// operator's input schema.
+    pub async fn open(&mut self, input: &arrow::datatypes::Schema) -> Result<()> {
+        match self {
+            Operator::Lookup(l) => l.open(input).await,
+            _ => Ok(()),
+        }
+    }
+
+    /// As [`Operator::process_input`], awaiting an operator that reads
+    /// outside the job (a lookup join).
+    pub async fn process_async(&mut self, input: usize, batch: RecordBatch) -> Result<Option<RecordBatch>> {
+        match self {
+            Operator::Lookup(l) => l.process(batch).await,
+            _ => self.process_input(input, batch),
         }
     }
 
@@ -166,6 +188,7 @@ impl Operator {
             Operator::IntervalJoin(j) => j.process(0, batch),
             Operator::WindowJoin(j) => j.process(0, batch),
             Operator::Join(j) => j.process(0, batch),
+            Operator::Lookup(l) => Err(Error::Job(format!("{}: a lookup join reads its table asynchronously: run it with `process_async`", l.id()))),
         }
     }
 
@@ -217,7 +240,7 @@ impl Operator {
             Operator::IntervalJoin(j) => j.state_ids().to_vec(),
             Operator::WindowJoin(j) => j.state_ids().to_vec(),
             Operator::Join(j) => j.state_ids().to_vec(),
-            Operator::Filter { .. } | Operator::Select { .. } => Vec::new(),
+            Operator::Filter { .. } | Operator::Select { .. } | Operator::Lookup(_) => Vec::new(),
         }
     }
 
@@ -250,7 +273,7 @@ impl Operator {
                     (id, StateCopy::deferred(move || copy.into_batch(&context)))
                 })
                 .collect(),
-            Operator::Filter { .. } | Operator::Select { .. } => Vec::new(),
+            Operator::Filter { .. } | Operator::Select { .. } | Operator::Lookup(_) => Vec::new(),
         })
     }
 
@@ -284,7 +307,7 @@ impl Operator {
             Operator::IntervalJoin(j) => j.restore(state_id, batch, location),
             Operator::WindowJoin(j) => j.restore(state_id, batch, location),
             Operator::Join(j) => j.restore(state_id, batch, location),
-            Operator::Filter { .. } | Operator::Select { .. } => Ok(()),
+            Operator::Filter { .. } | Operator::Select { .. } | Operator::Lookup(_) => Ok(()),
         }
     }
 }

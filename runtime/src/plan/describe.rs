@@ -152,6 +152,16 @@ fn operator(op: &OperatorPlan, input: &Schema) -> String {
             let keys = |side: &JoinSide| columns(&side.schema, &side.key_indices);
             format!("join on [{}] = [{}], each record kept {} ms after it arrived", keys(&j.left), keys(&j.right), j.ttl_ms)
         }
+        OperatorKind::LookupJoin(l) => format!(
+            "lookup join on [{}] = postgres {} [{}] adding [{}], at most {} keys cached for {} ms, {} a record without a row",
+            columns(input, &l.key_indices),
+            l.table,
+            l.key_columns.join(", "),
+            l.columns.iter().map(|(c, _)| c.as_str()).collect::<Vec<_>>().join(", "),
+            l.max_rows,
+            l.ttl_ms,
+            if l.keep_missing { "keeping" } else { "dropping" }
+        ),
     }
 }
 

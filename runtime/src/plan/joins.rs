@@ -15,10 +15,10 @@
 use std::sync::Arc;
 
 use arrow::datatypes::{DataType, Field, Schema};
-use weir_api::pipeline::{IntervalJoinSpec, IntervalJoinType, JoinSpec, WindowJoinSpec, WindowKind};
+use weir_api::pipeline::{FieldType, IntervalJoinSpec, IntervalJoinType, JoinSpec, LookupJoinSpec, Missing, WindowJoinSpec, WindowKind};
 
 use super::steps::{StepAt, Stream};
-use super::{names, IntervalJoinPlan, JoinSide, OperatorKind, OperatorPlan, RegularJoinPlan, WindowJoinPlan};
+use super::{names, IntervalJoinPlan, JoinSide, LookupPlan, OperatorKind, OperatorPlan, RegularJoinPlan, WindowJoinPlan};
 use crate::error::Result;
 use crate::key_group::is_key_type;
 
@@ -104,6 +104,61 @@ pub(super) fn plan_regular_join(inputs: Inputs, spec: &JoinSpec, at: StepAt) -> 
     let plan = RegularJoinPlan { left, right, ttl_ms: spec.ttl.get().as_millis() as i64 };
     let operator = OperatorPlan { id: at.id, step: at.field, kind: OperatorKind::Join(plan), output_schema: schema };
     Ok(PlannedJoin { operator, output, left_keys, right_keys })
+}
+
+/// A lookup join: the record's `on` fields (int64, string or boolean, so
+/// that they compare with the table's key columns as PostgreSQL sees them),
+/// then the table's `columns`, each nullable; a column whose name the
+/// record has is renamed `<step name>_<column>`. Keys and event time pass
+/// through: the join only adds fields.
+pub(super) fn plan_lookup_join(stream: &mut Stream, spec: &LookupJoinSpec, at: StepAt) -> Result<OperatorPlan> {
+    let mut key_indices = Vec::new();
+    for (j, field) in spec.on.iter().enumerate() {
+        let (index, f) = stream.schema.column_with_name(field).ok_or_else(|| {
+            at.invalid_at(&format!("on[{j}]"), format!("`{}`: the input has no field `{field}`: expected one of {}", at.id, names(&stream.schema)))
+        })?;
+        if !matches!(f.data_type(), DataType::Int64 | DataType::Utf8 | DataType::Boolean) {
+            return Err(at.invalid_at(
+                &format!("on[{j}]"),
+                format!("`{}`: `{field}` is {}: a lookup key must be int64, string or boolean", at.id, user_type(f.data_type())),
+            ));
+        }
+        key_indices.push(index);
+    }
+    let mut fields: Vec<Arc<Field>> = stream.schema.fields().iter().cloned().collect();
+    let mut columns = Vec::new();
+    for (column, ty) in &spec.postgres.columns.0 {
+        let data_type = match ty {
+            FieldType::Int64 => DataType::Int64,
+            FieldType::Float64 => DataType::Float64,
+            FieldType::String => DataType::Utf8,
+            FieldType::Boolean => DataType::Boolean,
+        };
+        let mut name = column.clone();
+        if fields.iter().any(|f| f.name() == &name) {
+            name = format!("{}_{column}", at.id);
+            if fields.iter().any(|f| f.name() == &name) {
+                return Err(at.invalid_at(
+                    "postgres.columns",
+                    format!("`{}`: column `{column}` would become `{name}`, which is taken: select the field under another name before the join", at.id),
+                ));
+            }
+        }
+        fields.push(Arc::new(Field::new(name, data_type.clone(), true)));
+        columns.push((column.clone(), data_type));
+    }
+    stream.schema = Arc::new(Schema::new(fields));
+    let plan = LookupPlan {
+        key_indices,
+        connection: spec.postgres.connection.clone(),
+        table: spec.postgres.table.clone(),
+        key_columns: spec.postgres.key.clone(),
+        columns,
+        max_rows: usize::try_from(spec.cache.max_rows).unwrap_or(usize::MAX),
+        ttl_ms: spec.cache.ttl.get().as_millis() as u64,
+        keep_missing: spec.missing == Missing::Keep,
+    };
+    Ok(OperatorPlan { id: at.id, step: at.field, kind: OperatorKind::LookupJoin(plan), output_schema: stream.schema.clone() })
 }
 
 /// The key columns of each side, pairwise of one type that hashes into key

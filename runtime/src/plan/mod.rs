@@ -149,6 +149,8 @@ pub enum OperatorKind {
     WindowJoin(WindowJoinPlan),
     /// A regular join, likewise.
     Join(RegularJoinPlan),
+    /// A lookup join: one input, chained like a filter, no state.
+    LookupJoin(LookupPlan),
 }
 
 impl OperatorKind {
@@ -168,7 +170,7 @@ impl OperatorPlan {
         match &self.kind {
             OperatorKind::Running(_) | OperatorKind::Window(_) => vec![self.id.clone()],
             OperatorKind::IntervalJoin(_) | OperatorKind::WindowJoin(_) | OperatorKind::Join(_) => vec![format!("{}.left", self.id), format!("{}.right", self.id)],
-            OperatorKind::Filter(_) | OperatorKind::Select(_) => Vec::new(),
+            OperatorKind::Filter(_) | OperatorKind::Select(_) | OperatorKind::LookupJoin(_) => Vec::new(),
         }
     }
 }
@@ -218,6 +220,27 @@ pub struct RegularJoinPlan {
     pub left: JoinSide,
     pub right: JoinSide,
     pub ttl_ms: i64,
+}
+
+/// Each record joined with the rows of a PostgreSQL table whose key
+/// columns equal the record's `on` fields, fetched per batch for the keys
+/// not cached. The output is the record's fields, then `columns`.
+#[derive(Clone, Debug)]
+pub struct LookupPlan {
+    /// The records' key columns (int64, string or boolean), in `key` order.
+    pub key_indices: Vec<usize>,
+    pub connection: String,
+    /// As written (`NAME` or `SCHEMA.NAME`).
+    pub table: String,
+    /// The table's key columns, matched against `key_indices` in order.
+    pub key_columns: Vec<String>,
+    /// The table's columns added to each record, with the type each is read as.
+    pub columns: Vec<(String, DataType)>,
+    pub max_rows: usize,
+    pub ttl_ms: u64,
+    /// A record without a row: kept with null columns (`missing: keep`),
+    /// else dropped.
+    pub keep_missing: bool,
 }
 
 /// A window function over one column (none for count).

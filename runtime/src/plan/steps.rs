@@ -82,8 +82,9 @@ pub(super) fn plan_operator(stream: &mut Stream, kind: &StepKind, at: StepAt) ->
         StepKind::KeyBy(_) | StepKind::Broadcast | StepKind::Union => {
             Err(at.invalid(format!("{} is an edge between stages, not an operator", kind.name())))
         }
-        StepKind::IntervalJoin(_) | StepKind::WindowJoin(_) | StepKind::Join(_) | StepKind::LookupJoin(_) => {
-            Err(at.invalid(format!("{} steps are not planned yet", kind.name())))
+        StepKind::LookupJoin(spec) => super::joins::plan_lookup_join(stream, spec, at),
+        StepKind::IntervalJoin(_) | StepKind::WindowJoin(_) | StepKind::Join(_) => {
+            Err(at.invalid(format!("{} reads two inputs: it starts a stage of its own", kind.name())))
         }
     }
 }

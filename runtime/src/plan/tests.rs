@@ -55,10 +55,17 @@ fn aggregating_a_string_field_is_rejected_with_the_type() {
 }
 
 #[test]
-fn the_joins_not_planned_yet_are_refused_naming_the_field() {
-    let text = "name: t\nsources:\n  a: {generator: {}, event_time: {field: value}}\nsteps:\n  - {name: j, input: a, lookup_join: {on: key, postgres: {connection: host=h, table: t, key: [id], columns: {n: string}}, cache: {max_rows: 10, ttl: 1m}}}\nsinks:\n  out: {input: j, blackhole: {}}\n";
-    let err = plan_text(text).err().map(|e| e.to_string());
-    assert_eq!(err.as_deref(), Some("p.yaml:5: steps[0].lookup_join: `j`: lookup_join steps are not supported yet"));
+fn a_lookup_join_is_chained_after_its_input_adds_its_columns_renaming_a_taken_name_and_refuses_float_keys() {
+    let text = "name: t\nsources:\n  a: {generator: {}, event_time: {field: value}}\nsteps:\n  - {name: j, input: a, lookup_join: {on: key, postgres: {connection: host=h, table: t, key: [id], columns: {n: string, value: float64}}, cache: {max_rows: 10, ttl: 1m}, missing: keep}}\n  - {name: k, input: j, key_by: key}\n  - {name: w, input: k, window: {tumbling: 1s, aggregates: [{count: c}]}}\nsinks:\n  out: {input: w, blackhole: {}}\n";
+    let p = plan_text(text).unwrap();
+    let described = p.describe();
+    assert_eq!(p.stages.len(), 2, "a lookup join chains with its input, and the window reads the event time it passed on: {described}");
+    assert!(described.contains("(seq Int64, key Int64, value Int64), event time `value` out of order by 0 ms\n  j (steps[0].lookup_join): lookup join"), "{described}");
+    assert!(described.contains("lookup join on [key] = postgres t [id] adding [n, value], at most 10 keys cached for 60000 ms, keeping a record without a row"), "{described}");
+    assert!(described.contains("(seq Int64, key Int64, value Int64, n Utf8?, j_value Float64?)"), "{described}");
+    let float_key = text.replace("on: key,", "on: score,").replace("generator: {}", "file: {path: x, schema: {score: float64, value: int64}}");
+    let err = plan_text(&float_key).err().map(|e| e.to_string()).unwrap_or_default();
+    assert_eq!(err, "p.yaml:5: steps[0].lookup_join.on[0]: `j`: `score` is float64: a lookup key must be int64, string or boolean");
 }
 
 /// Two file sources with event time, joined by `join` (a YAML map).

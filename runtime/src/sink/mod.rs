@@ -43,6 +43,7 @@ use crate::error::{Error, Result};
 pub use file::{FileSink, PendingFile};
 pub use kafka::KafkaLogEntry;
 pub use postgres::LogEntry;
+pub(crate) use postgres::{connect_to as connect_to_postgres, failed as postgres_failed, quote_ident};
 pub use s3_file::S3FileSink;
 
 /// Where a sink keeps what checkpoint storage holds for it: the PostgreSQL

@@ -389,6 +389,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
             let mut schema = stage.input_schema.clone();
             for (k, op_plan) in stage.operators.iter().enumerate() {
                 let mut op = Operator::new(op_plan, &schema, j, p, max_p)?;
+                op.open(&schema).await?;
                 if let Some(r) = &restored {
                     for state_id in op.state_ids() {
                         for (batch, changes) in r.keyed_batches(&state_id, j, p).await? {

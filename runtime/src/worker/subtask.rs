@@ -539,7 +539,7 @@ impl Subtask {
         let mut current = Some(batch);
         for (k, op) in self.operators[first..].iter_mut().enumerate() {
             let Some(b) = current.take() else { break };
-            current = if k == 0 { op.process_input(input, b)? } else { op.process(b)? };
+            current = op.process_async(if k == 0 { input } else { 0 }, b).await?;
         }
         let late: u64 = self.operators.iter_mut().map(|op| op.take_late()).sum();
         if late > 0 {

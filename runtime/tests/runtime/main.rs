@@ -17,6 +17,7 @@ mod kafka;
 mod kafka_security;
 mod lifecycle;
 mod lifecycle_paths;
+mod lookup;
 mod pipelines;
 mod pod_mode;
 mod postgres_crash_points;

@@ -101,15 +101,10 @@ impl std::fmt::Display for NotRunnable {
 }
 
 impl PipelineGraph {
-    /// What the runtime does not run yet (runtime/design/graphs.md §6):
-    /// lookup joins.
+    /// What the runtime cannot run: a graph without a sink.
     pub fn check_runnable(&self) -> Result<(), NotRunnable> {
         if self.sinks.is_empty() {
             return Err(NotRunnable { field: "sinks".into(), message: "expected a sink".into() });
-        }
-        if let Some(join) = self.steps.iter().find(|s| matches!(s.spec, StepKind::LookupJoin(_))) {
-            let message = format!("`{}`: {} steps are not supported yet", join.name, join.spec.name());
-            return Err(NotRunnable { field: format!("{}.{}", join.path, join.spec.name()), message });
         }
         Ok(())
     }

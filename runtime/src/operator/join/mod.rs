@@ -7,11 +7,13 @@
 //! combines watermarks over both inputs.
 
 mod interval;
+mod lookup;
 mod regular;
 mod side;
 mod window;
 
 pub use interval::IntervalJoin;
+pub use lookup::LookupJoin;
 pub use regular::{wall_clock, RegularJoin};
 #[cfg(test)]
 use regular::Clock;

@@ -28,6 +28,10 @@ use crate::key_group::{groups_of_subtask, key_groups};
 use crate::plan::{JoinSide, RegularJoinPlan};
 
 type FastMap<K, V> = HashMap<K, V, ahash::RandomState>;
+/// A kept row: (arrival sequence, arrival time, row bytes).
+type KeptRow = (u64, i64, Box<[u8]>);
+/// A (left, right) pair of row bytes.
+type Pair = (Box<[u8]>, Box<[u8]>);
 
 /// Milliseconds since the Unix epoch; the join's notion of "now", a
 /// function so that tests can move time.
@@ -42,7 +46,7 @@ pub fn wall_clock() -> Clock {
 /// an index by that time for expiry.
 #[derive(Default)]
 struct Kept {
-    by_key: FastMap<Box<[u8]>, Vec<(u64, i64, Box<[u8]>)>>,
+    by_key: FastMap<Box<[u8]>, Vec<KeptRow>>,
     by_arrival: BTreeMap<(i64, u64), Box<[u8]>>,
     next: u64,
 }
@@ -123,7 +127,7 @@ impl RegularJoin {
             kept.expire_through(oldest_kept);
         }
         let arrived = self.sides[this].arrive(&batch, &self.step)?;
-        let mut pairs: Vec<(Box<[u8]>, Box<[u8]>)> = Vec::new();
+        let mut pairs: Vec<Pair> = Vec::new();
         for r in 0..batch.num_rows() {
             if has_null_key(&arrived.key_columns, r) {
                 continue;

@@ -55,9 +55,19 @@ pub const PASSWORD_ENV: &str = "PGPASSWORD";
 /// subtask's connections it is, for errors. TLS as libpq sets it (see
 /// `tls.rs`).
 pub(crate) async fn connect(spec: &PostgresSinkSpec, purpose: &str) -> Result<Client> {
-    let (rest, tls) = tls::split(&spec.connection)?;
+    connect_to(&spec.connection, "sink.postgres.connection", "postgres sink", purpose).await
+}
+
+/// Opens a connection by a libpq connection string written at `setting`
+/// (named in errors, as is `who`: the sink or a lookup join's step).
+pub(crate) async fn connect_to(connection: &str, setting: &str, who: &str, purpose: &str) -> Result<Client> {
+    let at_setting = |e: Error| match e {
+        Error::Plan { message, .. } => Error::Plan { context: setting.to_string(), message },
+        e => e,
+    };
+    let (rest, tls) = tls::split(connection).map_err(at_setting)?;
     let mut config = tokio_postgres::Config::from_str(&rest)
-        .map_err(|e| Error::Plan { context: "sink.postgres.connection".into(), message: format!("cannot be read as a libpq connection string: {e}") })?;
+        .map_err(|e| Error::Plan { context: setting.to_string(), message: format!("cannot be read as a libpq connection string: {e}") })?;
     if let Ok(password) = std::env::var(PASSWORD_ENV) {
         config.password(password);
     }
@@ -66,17 +76,17 @@ pub(crate) async fn connect(spec: &PostgresSinkSpec, purpose: &str) -> Result<Cl
     }
     config.ssl_mode(tls.tokio_mode());
     let connect_failed = |e: tokio_postgres::Error| {
-        let context = format!("postgres sink: connecting ({purpose}) to {} with sslmode={}", describe_target(&config), tls.mode);
+        let context = format!("{who}: connecting ({purpose}) to {} with sslmode={}", describe_target(&config), tls.mode);
         // A certificate refused now is refused after a restart too.
         if tls::refused_certificate(&e) {
             return Error::Plan {
-                context: "sink.postgres.connection".into(),
+                context: setting.to_string(),
                 message: format!("{context}: {}; check sslrootcert and the host name the server's certificate is for", message_of(&e)),
             };
         }
         Error::Postgres { context, code: e.code().map(|c| c.code().to_string()), message: message_of(&e) }
     };
-    match tls.client_config()? {
+    match tls.client_config().map_err(at_setting)? {
         None => {
             let (client, connection) = config.connect(NoTls).await.map_err(connect_failed)?;
             tokio::spawn(drive(connection));
