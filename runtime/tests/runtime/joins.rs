@@ -296,3 +296,91 @@ fn a_regular_join_under_unaligned_checkpoints_restores_its_in_flight_records_at_
     assert!(out.status.success(), "the rescaled run failed:\n{}", stderr(&out));
     assert_output(&job, &inputs, &every_pair_of_one_id(&inputs));
 }
+
+/// Every join kind as a `join_job` step, with the oracle of its output.
+fn join_kinds(inputs: &Inputs) -> Vec<(&'static str, Box<dyn Fn(&Job)>)> {
+    let (a, b, c) = (inputs.nested_loop(-10, 40, true), window_pairs(inputs, Some(100), None), every_pair_of_one_id(inputs));
+    let inputs_of = |inputs: &Inputs| Inputs { orders: inputs.orders.clone(), payments: inputs.payments.clone() };
+    let (i1, i2) = (inputs_of(inputs), inputs_of(inputs));
+    vec![
+        ("interval_join: {on: id, right_on: order, between: {lower: -10ms, upper: 40ms}, type: left_outer}", Box::new(move |job: &Job| assert_output(job, &i1, &a))),
+        ("window_join: {on: id, right_on: order, tumbling: 100ms}", Box::new(move |job: &Job| assert_window_output(job, &b))),
+        ("join: {on: id, right_on: order, ttl: 1h}", Box::new(move |job: &Job| assert_output(job, &i2, &c))),
+    ]
+}
+
+#[test]
+fn every_join_kind_under_an_alignment_timeout_outputs_each_expected_row_once_under_worker_kills() {
+    let inputs = Inputs::new(9, 12_000, 2_000);
+    for (join, check) in join_kinds(&inputs) {
+        let job = join_job(2, &inputs, join, "  alignment_timeout: 5ms\n", "15ms");
+        let out = run_with_worker_kills(&job, 3, |_| {});
+        assert!(stderr(&out).contains("restarting"), "{join}: no restart was reported:\n{}", stderr(&out));
+        check(&job);
+    }
+}
+
+#[test]
+fn a_window_join_under_unaligned_checkpoints_restores_its_in_flight_records_at_another_parallelism() {
+    let inputs = Inputs::new(10, 24_000, 500);
+    let job = join_job(3, &inputs, "window_join: {on: id, right_on: order, tumbling: 100ms}", "  mode: unaligned\n", "10ms");
+    kill_once_the_latest_checkpoint_holds(&job, &[], "3", &["in-flight-2-", "in-flight-2.1-", "matched.left-", "matched.right-"]);
+    let out = wait_with_timeout(job.spawn(&["--restore", "latest", "--parallelism", "2"]), Duration::from_secs(240));
+    assert!(out.status.success(), "the rescaled run failed:\n{}", stderr(&out));
+    assert_window_output(&job, &window_pairs(&inputs, Some(100), None));
+}
+
+#[test]
+fn every_join_kind_checkpointed_at_parallelism_4_restores_at_2_and_at_6_exactly_once() {
+    let inputs = Inputs::new(11, 12_000, 2_000);
+    for (join, check) in join_kinds(&inputs) {
+        for to in ["2", "6"] {
+            let job = join_job(4, &inputs, join, "", "20ms");
+            let child = job.spawn(&[]);
+            std::thread::sleep(Duration::from_millis(1200));
+            kill_group(child.id());
+            let killed = child.wait_with_output().unwrap();
+            assert!(!killed.status.success(), "{join}: the job ended before it was killed; make it longer");
+            let out = wait_with_timeout(job.spawn(&["--restore", "latest", "--parallelism", to]), Duration::from_secs(240));
+            assert!(out.status.success(), "{join} at {to}: {}", stderr(&out));
+            assert!(stderr(&out).contains("restoring `eo-test` from checkpoint"), "{join} at {to}: nothing was restored:\n{}", stderr(&out));
+            check(&job);
+        }
+    }
+}
+
+#[test]
+fn a_savepoint_of_a_join_restores_into_the_graph_with_a_stateless_step_added_and_a_removed_join_is_refused_unless_allowed() {
+    let inputs = Inputs::new(12, 12_000, 2_000);
+    let job = join_job(2, &inputs, "join: {on: id, right_on: order, ttl: 1h}", "", "20ms");
+    let child = job.spawn(&[]);
+    let sp = job.take_savepoint_with(&["--stop"]);
+    let out = wait_with_timeout(child, Duration::from_secs(60));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let yaml = std::fs::read_to_string(job.path("pipeline.yaml")).unwrap();
+
+    // A filter that keeps everything after the join: the join's state ids
+    // do not move, and the job ends with every pair once.
+    let added = yaml
+        .replace("sinks:\n", "  - {name: kept, input: matched, filter: \"seq >= 0\"}\nsinks:\n")
+        .replace("input: matched\n", "input: kept\n");
+    job.write_pipeline(&added);
+    let out = wait_with_timeout(job.spawn(&["--restore", &sp]), Duration::from_secs(120));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_output(&job, &inputs, &every_pair_of_one_id(&inputs));
+
+    // The join removed (orders filtered to the sink, payments to a
+    // blackhole): its two states are refused by name and nothing is
+    // touched, unless the user allows dropping them.
+    let without = yaml
+        .replace("  - {name: matched, input: [orders, payments], join: {on: id, right_on: order, ttl: 1h}}\n", "  - {name: kept, input: orders, filter: \"seq >= 0\"}\n")
+        .replace("input: matched\n", "input: kept\n")
+        .replace("sinks:\n", "sinks:\n  side: {input: payments, blackhole: {}}\n");
+    job.write_pipeline(&without);
+    let before = tree_digest(job.dir.path());
+    let err = assert_refused(&job.run(&["--restore", &sp]));
+    assert!(err.contains("matched.left") && err.contains("no longer has") && err.contains("--allow-non-restored-state"), "{err}");
+    assert_eq!(tree_digest(job.dir.path()), before, "a refused restore changed files");
+    let out = job.run(&["--restore", &sp, "--allow-non-restored-state"]);
+    assert!(out.status.success(), "allowed, the job goes on without the join: {}", stderr(&out));
+}
