@@ -127,7 +127,7 @@ pub fn written_per_checkpoint(shared: &Path) -> Vec<u64> {
 }
 
 /// The bytes of each retained checkpoint directory.
-fn checkpoint_sizes(dir: &Path) -> Vec<u64> {
+pub fn checkpoint_sizes(dir: &Path) -> Vec<u64> {
     let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
     entries
         .flatten()
