@@ -231,13 +231,19 @@ impl Location {
     }
 
     /// Deletes everything under this directory except the object `keep`.
+    ///
+    /// A snapshot's `_metadata` goes first: it is what makes the snapshot
+    /// complete, so a deletion cut short (a kill, a failed request) leaves an
+    /// incomplete snapshot that nothing restores, never a complete-looking
+    /// one missing a state file. Listings come in no promised order.
     pub async fn delete_all_but(&self, keep: Option<&str>) -> Result<()> {
-        let objects: Vec<_> = self
+        let mut objects: Vec<_> = self
             .store
             .list(Some(&self.prefix))
             .try_collect()
             .await
             .map_err(Error::storage(self.display.clone()))?;
+        objects.sort_by_key(|o| o.location.filename() != Some(METADATA_FILE));
         let keep = keep.map(|k| self.path(k));
         for o in objects.into_iter().filter(|o| Some(&o.location) != keep.as_ref()) {
             self.store.delete(&o.location).await.map_err(Error::storage(self.display.clone()))?;
@@ -613,5 +619,70 @@ mod tests {
         std::fs::write(on_disk.join("sub/other.arrow#7"), b"cut off").unwrap();
         chk.delete_all().await.unwrap();
         assert!(!on_disk.exists(), "left: {:?}", names(&on_disk));
+    }
+
+    /// The in-memory store, except that deleting the object named `fails`
+    /// fails (a request refused, a process killed mid-deletion).
+    #[derive(Debug)]
+    struct OneDeleteFails {
+        inner: object_store::memory::InMemory,
+        fails: &'static str,
+    }
+
+    impl std::fmt::Display for OneDeleteFails {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "in-memory store whose delete of {} fails", self.fails)
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl ObjectStore for OneDeleteFails {
+        async fn put_opts(&self, location: &Path, payload: PutPayload, opts: object_store::PutOptions) -> object_store::Result<object_store::PutResult> {
+            self.inner.put_opts(location, payload, opts).await
+        }
+        async fn put_multipart_opts(&self, location: &Path, opts: object_store::PutMultipartOptions) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+            self.inner.put_multipart_opts(location, opts).await
+        }
+        async fn get_opts(&self, location: &Path, options: object_store::GetOptions) -> object_store::Result<object_store::GetResult> {
+            self.inner.get_opts(location, options).await
+        }
+        fn delete_stream(
+            &self,
+            locations: futures::stream::BoxStream<'static, object_store::Result<Path>>,
+        ) -> futures::stream::BoxStream<'static, object_store::Result<Path>> {
+            let fails = self.fails;
+            let inner = self.inner.clone();
+            Box::pin(locations.and_then(move |p| {
+                let inner = inner.clone();
+                async move {
+                    if p.filename() == Some(fails) {
+                        return Err(object_store::Error::Generic { store: "test", source: "refused".into() });
+                    }
+                    inner.delete(&p).await.map(|()| p)
+                }
+            }))
+        }
+        fn list(&self, prefix: Option<&Path>) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
+            self.inner.list(prefix)
+        }
+        async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<object_store::ListResult> {
+            self.inner.list_with_delimiter(prefix).await
+        }
+        async fn copy_opts(&self, from: &Path, to: &Path, options: object_store::CopyOptions) -> object_store::Result<()> {
+            self.inner.copy_opts(from, to, options).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_deletion_cut_short_leaves_it_incomplete_never_complete_without_a_state_file() {
+        // `Counts-0.arrow` lists before `_metadata` (uppercase sorts first).
+        let store = Arc::new(OneDeleteFails { inner: object_store::memory::InMemory::new(), fails: "Counts-1.arrow" });
+        let chk = Location { store: store.clone(), prefix: Path::from("job/checkpoints/chk-3"), display: "mem://job/checkpoints/chk-3".into(), local: None };
+        for name in ["Counts-0.arrow", "Counts-1.arrow", METADATA_FILE, "source-0.arrow"] {
+            chk.put(name, b"x".to_vec()).await.unwrap();
+        }
+        assert!(chk.delete_all().await.is_err(), "the refused delete is reported");
+        let left = chk.list_objects("").await.unwrap();
+        assert!(!left.iter().any(|n| n == METADATA_FILE), "`_metadata` went first, so the snapshot is incomplete: {left:?}");
     }
 }
