@@ -166,3 +166,57 @@ fn the_join_example_runs_and_counts_every_pair_of_each_key_once() {
     assert_eq!(lines.len() as i64, expected.values().sum::<i64>(), "one line per pair");
     assert_eq!(last, expected);
 }
+
+/// A busy generator and a Kafka topic nobody writes to, merged by a union
+/// and counted per key in tumbling windows of event time: the quiet input
+/// is idle after its `idle_timeout` and holds back neither the watermark
+/// (windows of the busy input fire and are committed while the job runs)
+/// nor the checkpoints (they complete at the interval).
+#[test]
+fn an_idle_kafka_source_beside_a_busy_one_holds_back_neither_checkpoints_nor_windows() {
+    let broker = kafka::Broker::shared();
+    let topic = kafka::topic("idle");
+    broker.create_topic(&topic, 2);
+    let (events, keys) = (60_000u64, 10i64);
+    let yaml = format!(
+        "name: eo-test\nparallelism: 2\ncheckpoint: {{interval: 200ms}}\n\
+         sources:\n  busy:\n    generator: {{events: {events}, keys: {keys}, rate: 6000, batch_size: 10}}\n\
+         \x20   event_time: {{field: value, max_out_of_orderness: 2s, idle_timeout: 500ms}}\n\
+         \x20 quiet:\n    kafka: {{bootstrap_servers: \"{}\", topic: {topic}, schema: {{seq: int64, key: int64, value: int64}}}}\n\
+         \x20   event_time: {{field: value, idle_timeout: 500ms}}\n\
+         steps:\n  - {{name: both, input: [busy, quiet], union: {{}}}}\n  - {{name: keyed, input: both, key_by: key}}\n\
+         \x20 - {{name: per_second, input: keyed, window: {{tumbling: 1s, aggregates: [{{count: n}}]}}}}\n\
+         sinks:\n  out:\n    input: per_second\n    file: {{path: out/eo, format: jsonl, guarantee: exactly-once}}\n",
+        broker.addr
+    );
+    let job = Job::with_pipeline(&yaml, events, keys as u64);
+    let child = job.spawn(&[]);
+    // The busy input's first three seconds of event time (3000 events)
+    // take half a second to generate; their windows close once its
+    // watermark (2 s behind) passes them, if the quiet input holds nothing back.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut lines = Vec::new();
+    while std::time::Instant::now() < deadline {
+        lines = job.committed_lines();
+        if lines.iter().filter(|l| l["window_end"].as_i64().is_some_and(|e| e <= 3000)).count() >= 3 * keys as usize {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let checkpoints = job.latest().and_then(|l| l.rsplit("chk-").next().and_then(|n| n.parse::<u64>().ok()));
+    kill_group(child.id());
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success(), "the job reads an endless topic: it should still have been running");
+    let mut got: BTreeMap<(i64, i64), Vec<i64>> = BTreeMap::new();
+    for l in &lines {
+        got.entry((l["key"].as_i64().unwrap(), l["window_start"].as_i64().unwrap())).or_default().push(l["n"].as_i64().unwrap());
+    }
+    for window in 0..3 {
+        for key in 0..keys {
+            // Window [1000w, 1000w + 1000) holds the seqs of its range, a
+            // tenth of them per key.
+            assert_eq!(got.get(&(key, window * 1000)), Some(&vec![100]), "key {key}, window {window}: committed once with its count while the quiet input was idle\n{}", stderr(&out));
+        }
+    }
+    assert!(checkpoints.is_some_and(|n| n >= 3), "checkpoints completed while the quiet input was idle: latest {checkpoints:?}\n{}", stderr(&out));
+}

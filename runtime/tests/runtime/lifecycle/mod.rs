@@ -94,6 +94,15 @@ const RUN_LIMIT: Duration = Duration::from_secs(90);
 /// checkpoints are incremental, and whether the pipeline is written as a
 /// chain or as the same path in graph form (whose nodes keep the chain's
 /// state ids). None changes the output.
+///
+/// `pairs`, drawn once per sequence (it adds state the other forms lack),
+/// makes the pipeline a graph with a join and two sinks: a second source
+/// `b` generates the same events, an interval join pairs each event of
+/// `source` with its twin in `b` (same key, same event time `value`), and
+/// the pairs, cut back to `seq, key, value`, are keyed and counted into a
+/// second exactly-once file sink `pairs` (`out/pairs`). Per key both join
+/// inputs arrive in seq order, so pairs leave in seq order and the second
+/// sink's only correct record is the first's: the same oracle judges both.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Shape {
     filter: bool,
@@ -101,6 +110,7 @@ struct Shape {
     mode: Mode,
     incremental: bool,
     graph: bool,
+    pairs: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -134,7 +144,7 @@ struct Size {
 
 fn pipeline_yaml(size: Size, shape: Shape, parallelism: u32, sink: &str) -> String {
     let Size { events, keys, rate } = size;
-    if shape.graph {
+    if shape.graph || shape.pairs {
         return graph_yaml(size, shape, parallelism, sink);
     }
     let filter = if shape.filter { "  - filter: \"seq >= 0\"\n" } else { "" };
@@ -155,15 +165,56 @@ fn graph_yaml(size: Size, shape: Shape, parallelism: u32, sink: &str) -> String 
     let Size { events, keys, rate } = size;
     let (filter, keyed_input) = if shape.filter { ("  - {name: all, input: source, filter: \"seq >= 0\"}\n", "all") } else { ("", "source") };
     let sink_node: String = sink.strip_prefix("sink:\n").unwrap_or(sink).lines().map(|l| format!("  {l}\n")).collect();
+    let generator = format!("    generator:\n      events: {events}\n      keys: {keys}\n      rate: {rate}\n      batch_size: 100\n");
+    // The join's watermark stays far behind (no event is late, whatever
+    // the order the splits interleave in); its state goes at the end.
+    let (sources, pair_steps, pair_sink) = if shape.pairs {
+        let timed = format!("{generator}    event_time: {{field: value, max_out_of_orderness: 1h}}\n");
+        (
+            format!("  source:\n{timed}  b:\n{timed}"),
+            "  - {name: joined, input: [source, b], interval_join: {on: key, between: {lower: 0s, upper: 0s}}}\n\
+             \x20 - {name: pair_fields, input: joined, select: [seq, key, value]}\n\
+             \x20 - {name: pair_keys, input: pair_fields, key_by: key}\n\
+             \x20 - {name: pair_counts, input: pair_keys, running_count: count}\n",
+            "  pairs:\n    input: pair_counts\n    file:\n      path: out/pairs\n      format: jsonl\n      guarantee: exactly-once\n",
+        )
+    } else {
+        (format!("  source:\n{generator}"), "", "")
+    };
     format!(
         "name: eo-test\nparallelism: {parallelism}\nmax_parallelism: {MAX_PARALLELISM}\ncheckpoint:\n  interval: {}ms\n  incremental: {}\n{}\
-         sources:\n  source:\n    generator:\n      events: {events}\n      keys: {keys}\n      rate: {rate}\n      batch_size: 100\n\
-         steps:\n  - {{name: counts, input: keyed, running_count: count}}\n{filter}  - {{name: keyed, input: {keyed_input}, key_by: key}}\n\
-         sinks:\n  sink:\n    input: counts\n{sink_node}",
+         sources:\n{sources}\
+         steps:\n  - {{name: counts, input: keyed, running_count: count}}\n{filter}  - {{name: keyed, input: {keyed_input}, key_by: key}}\n{pair_steps}\
+         sinks:\n  sink:\n    input: counts\n{sink_node}{pair_sink}",
         shape.interval_ms,
         shape.incremental,
         shape.mode.yaml()
     )
+}
+
+/// Where the `pairs` sink of [`Shape::pairs`] writes, under the job's directory.
+const PAIRS_DIR: &str = "out/pairs";
+
+/// The `pairs` sink's output once the job finished: the oracle's records
+/// (repeats only of `may_repeat`; any with `None`), and no in-progress
+/// file that no snapshot references beyond those of `left_before`.
+fn check_pairs(out: &Path, job_dir: &Path, size: Size, may_repeat: Option<&HashSet<i64>>, left_before: &BTreeSet<String>) -> Step {
+    let lines = output::committed_files(out)?;
+    check_output(&lines, size, may_repeat).map_err(|e| in_pairs(e, "once the job finished"))?;
+    let referenced = referenced_in_progress(job_dir);
+    let left: Vec<String> = in_progress_files(out).difference(left_before).filter(|f| !referenced.contains(*f)).cloned().collect();
+    if !left.is_empty() {
+        return Err(violation("no in-progress file that no snapshot references is left once the job finished", format!("{PAIRS_DIR}: {left:?}")));
+    }
+    Ok(())
+}
+
+/// A violation found in the `pairs` sink's output, said so.
+fn in_pairs(e: Stop, when: &str) -> Stop {
+    match e {
+        Stop::Violation { invariant, detail } => violation(&format!("the joined pairs' sink, {when}: {invariant}"), detail),
+        other => other,
+    }
 }
 
 /// The only correct record for event `seq` (see the module comment).
@@ -334,7 +385,7 @@ fn referenced_in_progress_except(job_dir: &Path, except: Option<&str>) -> BTreeS
             // The metadata is JSON followed by a `crc32:` line.
             let json = text.trim_end().rsplit_once('\n').map(|(j, _)| j).unwrap_or("");
             let Ok(meta) = serde_json::from_str::<serde_json::Value>(json) else { continue };
-            for state in meta["operators"]["sink"].as_array().into_iter().flatten() {
+            for state in ["sink", "pairs"].iter().flat_map(|sink| meta["operators"][sink].as_array().into_iter().flatten()) {
                 for p in state["inline"]["pending"].as_array().into_iter().flatten() {
                     if let Some(t) = p["temp"].as_str() {
                         out.insert(t.to_string());
@@ -513,7 +564,7 @@ fn draw_plan(rng: &mut StdRng) -> Vec<Action> {
             12..=13 => Action::Restore { pick: rng.random_range(0..64), parallelism: rng.random_range(1..=4) },
             14 => Action::Rescale { parallelism: rng.random_range(1..=4), via_savepoint: rng.random_bool(0.5) },
             15 => Action::ChangePipeline {
-                shape: Shape { filter: rng.random_bool(0.5), interval_ms: [100, 150, 200, 300][rng.random_range(0..4)], mode: Mode::draw(rng), incremental: rng.random_bool(0.5), graph: rng.random_bool(0.5) },
+                shape: Shape { filter: rng.random_bool(0.5), interval_ms: [100, 150, 200, 300][rng.random_range(0..4)], mode: Mode::draw(rng), incremental: rng.random_bool(0.5), graph: rng.random_bool(0.5), pairs: false },
                 via_savepoint: rng.random_bool(0.5),
             },
             16..=17 => Action::SecondRun { after_ms: rng.random_range(0..800) },
@@ -563,6 +614,8 @@ struct Model<'a> {
     abandoned: HashSet<String>,
     corrupted: HashSet<String>,
     may_repeat: HashSet<i64>,
+    /// As `may_repeat`, for the `pairs` sink ([`Shape::pairs`]).
+    may_repeat_pairs: HashSet<i64>,
     /// After a fork whose earlier output cannot be read whole (a prepared
     /// PostgreSQL transaction), any seq may repeat.
     any_may_repeat: bool,
@@ -857,6 +910,18 @@ impl<'a> Model<'a> {
         check_prefix_up_to(&lines, self.size, read.as_ref(), forked)?;
         let name = Path::new(savepoint).file_name().map(|n| n.to_string_lossy().into_owned());
         self.output.check_nothing_open(self.job.dir.path(), &self.job.path(JOB_DIR), name.as_deref())?;
+        if self.shape.pairs {
+            // A pair is published once both its events were read; the
+            // savepoint's read positions mix both sources', so only the
+            // prefix is checked.
+            let pairs = output::committed_files(&self.job.path(PAIRS_DIR))?;
+            check_prefix_up_to(&pairs, self.size, None, forked).map_err(|e| in_pairs(e, "after a stop"))?;
+            let excused = referenced_in_progress_except(&self.job.path(JOB_DIR), name.as_deref());
+            let left: BTreeSet<String> = in_progress_files(&self.job.path(PAIRS_DIR)).difference(&excused).cloned().collect();
+            if !left.is_empty() {
+                return Err(violation("a job stopped with a savepoint leaves no in-progress file pending", format!("{PAIRS_DIR}: {left:?}")));
+            }
+        }
         self.note("the stop published everything up to its savepoint and left nothing open");
         Ok(())
     }
@@ -872,7 +937,8 @@ impl<'a> Model<'a> {
         let target = if file { Output::File } else { self.output.fresh() };
         self.twins += 1;
         let n = self.twins;
-        std::fs::write(self.job.path("twin.yaml"), pipeline_yaml(self.size, self.shape, self.parallelism, &target.sink_yaml())).unwrap();
+        let shape = Shape { pairs: false, ..self.shape };
+        std::fs::write(self.job.path("twin.yaml"), pipeline_yaml(self.size, shape, self.parallelism, &target.sink_yaml())).unwrap();
         let err = self.job.path(&format!("runs/twin-{n}.stderr"));
         std::fs::create_dir_all(self.job.path("runs")).unwrap();
         let mut twin = KillOnDrop::new(
@@ -974,6 +1040,9 @@ impl<'a> Model<'a> {
         }
         let s = candidates[pick % candidates.len()].clone();
         if self.is_fork(&s) {
+            if self.shape.pairs {
+                self.may_repeat_pairs.extend(output::committed_files(&self.job.path(PAIRS_DIR))?.iter().filter_map(|(_, v)| v["seq"].as_i64()));
+            }
             match self.output.may_repeat_after_fork(self.job.dir.path())? {
                 Some(before) => {
                     self.note(format!("fork: restoring {} {} (older than the lineage's newest state; {} events committed may repeat)", s.kind, s.id, before.len()));
@@ -1007,6 +1076,8 @@ impl<'a> Model<'a> {
             Output::File => std::fs::remove_dir_all(self.out_dir()).unwrap(),
             _ => self.output = self.output.fresh(),
         }
+        let _ = std::fs::remove_dir_all(self.job.path(PAIRS_DIR));
+        self.may_repeat_pairs.clear();
         self.may_repeat.clear();
         self.any_may_repeat = false;
         self.lineage = Lineage::NotStarted;
@@ -1123,7 +1194,11 @@ impl<'a> Model<'a> {
     fn check_lineage_output(&mut self) -> Step {
         let lines = self.output.committed(self.job.dir.path())?;
         check_output(&lines, self.size, (!self.any_may_repeat).then_some(&self.may_repeat))?;
-        self.output.check_nothing_left(self.job.dir.path(), &self.job.path(JOB_DIR))
+        self.output.check_nothing_left(self.job.dir.path(), &self.job.path(JOB_DIR))?;
+        if self.shape.pairs {
+            check_pairs(&self.job.path(PAIRS_DIR), &self.job.path(JOB_DIR), self.size, Some(&self.may_repeat_pairs), &BTreeSet::new())?;
+        }
+        Ok(())
     }
 
     fn act(&mut self, a: &Action) -> Step {
@@ -1179,7 +1254,7 @@ impl<'a> Model<'a> {
                 format!("rescale to parallelism {parallelism}")
             }),
             Action::ChangePipeline { shape, via_savepoint } => self.upgrade(via_savepoint, |m| {
-                m.shape = shape;
+                m.shape = Shape { pairs: m.shape.pairs, ..shape };
                 format!("change the pipeline: filter {}, checkpoint interval {} ms, {:?}, incremental {}", shape.filter, shape.interval_ms, shape.mode, shape.incremental)
             }),
             Action::SecondRun { after_ms } => {
@@ -1249,6 +1324,10 @@ impl<'a> Model<'a> {
                 }
                 _ => self.output.fresh(),
             };
+            if self.shape.pairs {
+                copy_tree(&self.job.path(PAIRS_DIR), &copy.path().join(PAIRS_DIR));
+            }
+            let pairs_left_before = in_progress_files(&copy.path().join(PAIRS_DIR));
             let _ = std::fs::remove_file(copy.path().join(JOB_DIR).join("run.json"));
             let root = std::fs::canonicalize(self.job.dir.path()).unwrap();
             let rel = Path::new(&s.location).strip_prefix(&root).or_else(|_| Path::new(&s.location).strip_prefix(self.job.dir.path())).unwrap();
@@ -1293,6 +1372,10 @@ impl<'a> Model<'a> {
                 Stop::Violation { invariant, detail } => violation(&format!("restoring a retained snapshot gives correct output: {invariant}"), format!("{what}: {detail}")),
                 other => other,
             })?;
+            if self.shape.pairs {
+                check_pairs(&copy.path().join(PAIRS_DIR), &copy.path().join(JOB_DIR), self.size, None, &pairs_left_before)
+                    .map_err(|e| in_pairs(e, &format!("restoring a retained snapshot, {what}")))?;
+            }
             if let Output::File = target {
                 let referenced = referenced_in_progress(&copy.path().join(JOB_DIR));
                 let new_left: Vec<String> =
@@ -1340,7 +1423,7 @@ fn run_sequence(seed: u64, stop_supported: bool, connectors: Option<&postgres::S
     let keys = MAX_PARALLELISM as u64 * rng.random_range(2..=3);
     // 2.5 to 5 s of events: long enough for kills and savepoints to land mid-run.
     let size = Size { events: rng.random_range(20_000..=40_000), keys, rate: 8_000 };
-    let shape = Shape { filter: rng.random_bool(0.3), interval_ms: [100, 150, 200, 300][rng.random_range(0..4)], mode: Mode::draw(&mut rng), incremental: rng.random_bool(0.5), graph: rng.random_bool(0.5) };
+    let shape = Shape { filter: rng.random_bool(0.3), interval_ms: [100, 150, 200, 300][rng.random_range(0..4)], mode: Mode::draw(&mut rng), incremental: rng.random_bool(0.5), graph: rng.random_bool(0.5), pairs: false };
     let parallelism = rng.random_range(1..=4);
     let plan = draw_plan(&mut rng);
     if let Ok(focus) = std::env::var("WEIR_LIFECYCLE_FOCUS") {
@@ -1350,6 +1433,9 @@ fn run_sequence(seed: u64, stop_supported: bool, connectors: Option<&postgres::S
     }
     let kind = if connectors.is_some() { SinkKind::connector(rng.random_range(0..3)) } else { SinkKind::File };
     let output = Output::new(kind, connectors);
+    // A join and a second sink (file sink sequences only: the oracle of a
+    // connector sink reads one target).
+    let shape = Shape { pairs: connectors.is_none() && rng.random_bool(0.5), ..shape };
     println!("  {} events, {} keys, parallelism {parallelism}, {shape:?}, {}; plan:", size.events, size.keys, output.describe());
     for (i, a) in plan.iter().enumerate() {
         println!("    {}. {a:?}", i + 1);
@@ -1368,6 +1454,7 @@ fn run_sequence(seed: u64, stop_supported: bool, connectors: Option<&postgres::S
         abandoned: HashSet::new(),
         corrupted: HashSet::new(),
         may_repeat: HashSet::new(),
+        may_repeat_pairs: HashSet::new(),
         any_may_repeat: false,
         runs_started: 0,
         started: Instant::now(),
@@ -1415,14 +1502,22 @@ fn a_failure_free_run_commits_exactly_the_records_the_oracle_expects() {
     // The claim the lifecycle oracle stands on: with keys a multiple of
     // max_parallelism, count = seq / keys + 1 for every record, at any
     // parallelism, with or without the filter step.
-    for (parallelism, filter, keys) in [(3, false, 16), (2, true, 24), (4, false, 24)] {
+    // With `pairs`, the joined pairs' counts are the same records.
+    for (parallelism, filter, keys, pairs) in [(3, false, 16, false), (2, true, 24, false), (4, false, 24, false), (3, true, 16, true), (1, false, 24, true)] {
         let size = Size { events: 20_000, keys, rate: 0 };
-        let job = Job::with_pipeline(&pipeline_yaml(size, Shape { filter, interval_ms: 100, mode: Mode::Aligned, incremental: false, graph: false }, parallelism, &Output::File.sink_yaml()), size.events, keys);
+        let shape = Shape { filter, interval_ms: 100, mode: Mode::Aligned, incremental: false, graph: false, pairs };
+        let job = Job::with_pipeline(&pipeline_yaml(size, shape, parallelism, &Output::File.sink_yaml()), size.events, keys);
         let out = job.run(&[]);
         assert!(out.status.success(), "{}", stderr(&out));
         let lines = output::committed_files(&job.path("out/eo")).unwrap_or_else(|e| panic!("{e:?}"));
         if let Err(e) = check_output(&lines, size, Some(&HashSet::new())) {
             panic!("parallelism {parallelism}, filter {filter}, keys {keys}: {e:?}");
+        }
+        if pairs {
+            let lines = output::committed_files(&job.path(PAIRS_DIR)).unwrap_or_else(|e| panic!("{e:?}"));
+            if let Err(e) = check_output(&lines, size, Some(&HashSet::new())) {
+                panic!("pairs, parallelism {parallelism}, filter {filter}, keys {keys}: {e:?}");
+            }
         }
     }
 }
