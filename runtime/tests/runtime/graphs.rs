@@ -220,3 +220,86 @@ fn an_idle_kafka_source_beside_a_busy_one_holds_back_neither_checkpoints_nor_win
     }
     assert!(checkpoints.is_some_and(|n| n >= 3), "checkpoints completed while the quiet input was idle: latest {checkpoints:?}\n{}", stderr(&out));
 }
+
+/// A fast and a slow source (100× apart in rate, both about two seconds
+/// long) in one union, counted per key: the fast one's even keys, the slow
+/// one's odd keys. Logs at info, so that each checkpoint's duration is in
+/// stderr.
+fn fast_and_slow_union(checkpoint: &str, slow_stage: Option<&str>) -> Job {
+    let yaml = format!(
+        "name: eo-test\nparallelism: 2\ncheckpoint:\n  interval: 200ms\n{checkpoint}\
+         sources:\n  fast: {{generator: {{events: 40000, keys: 20, rate: 20000, batch_size: 100}}}}\n\
+         \x20 slow: {{generator: {{events: 400, keys: 20, rate: 200, batch_size: 10}}}}\n\
+         steps:\n  - {{name: evens, input: fast, filter: \"key % 2 = 0\"}}\n  - {{name: odds, input: slow, filter: \"key % 2 = 1\"}}\n\
+         \x20 - {{name: both, input: [evens, odds], union: {{}}}}\n  - {{name: keyed, input: both, key_by: key}}\n\
+         \x20 - {{name: counts, input: keyed, running_count: count}}\n\
+         sinks:\n  out:\n    input: counts\n    file: {{path: out/eo, format: jsonl, guarantee: exactly-once}}\n"
+    );
+    let mut job = Job::with_pipeline(&yaml, 0, 20);
+    job.env.push(("RUST_LOG".into(), "weir_runtime::checkpoint::coordinator=info,warn".into()));
+    if let Some(slow) = slow_stage {
+        job.env.push(("WEIR_SLOW_STAGE".into(), format!("2:{slow}")));
+    }
+    job
+}
+
+/// Every (key, count) from 1 to the key's number of events once: 2000
+/// events per even key from `fast`, 20 per odd key from `slow`.
+fn assert_fast_and_slow_counted_once(job: &Job) {
+    let mut got: BTreeMap<(i64, i64), u32> = BTreeMap::new();
+    for l in job.committed_lines() {
+        *got.entry((l["key"].as_i64().unwrap(), l["count"].as_i64().unwrap())).or_default() += 1;
+    }
+    let mut expected = BTreeMap::new();
+    for key in 0..20i64 {
+        let events = if key % 2 == 0 { 40000 / 20 } else { 400 / 20 };
+        for count in 1..=events {
+            expected.insert((key, count), 1u32);
+        }
+    }
+    assert_eq!(got.len(), expected.len(), "(key, count) pairs committed");
+    assert_eq!(got, expected, "every count of every key once");
+}
+
+/// The durations of the checkpoints that completed, from the
+/// coordinator's log lines.
+fn checkpoint_durations_ms(stderr: &str) -> Vec<u64> {
+    stderr
+        .lines()
+        .filter(|l| l.contains("checkpoint complete") && l.contains("kind=Checkpoint"))
+        .filter_map(|l| l.split_whitespace().find_map(|f| f.strip_prefix("duration_ms=")).and_then(|v| v.parse().ok()))
+        .collect()
+}
+
+#[test]
+fn sources_100_times_apart_in_rate_complete_aligned_checkpoints_at_the_interval_and_unaligned_ones_under_backpressure() {
+    let job = fast_and_slow_union("  mode: aligned\n", None);
+    let out = wait_with_timeout(job.spawn(&[]), Duration::from_secs(60));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let aligned = checkpoint_durations_ms(&stderr(&out));
+    // About two seconds at 200 ms: the slow input does not hold the
+    // barriers back, it only sends fewer records between them.
+    assert!(aligned.len() >= 5, "aligned checkpoints completed: {aligned:?}\n{}", stderr(&out));
+    assert!(aligned.iter().all(|d| *d < 2000), "aligned checkpoint durations (ms): {aligned:?}");
+    assert_fast_and_slow_counted_once(&job);
+
+    // Under backpressure (the union's stage slowed), unaligned checkpoints
+    // overtake the queued records and keep them.
+    // The fast input's 100 batches a second per subtask meet a stage that
+    // takes 20 ms a batch: half the speed, so its channels fill.
+    let job = fast_and_slow_union("  mode: unaligned\n", Some("20ms"));
+    let mut child = job.spawn(&[]);
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    let mut in_flight = false;
+    while !in_flight && std::time::Instant::now() < until && child.try_wait().unwrap().is_none() {
+        in_flight = crate::unaligned::latest_holds(&job, &["in-flight-2-"]);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = wait_with_timeout(child, Duration::from_secs(120));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(in_flight, "no checkpoint held the fast input's records in flight: was there backpressure?");
+    let unaligned = checkpoint_durations_ms(&stderr(&out));
+    assert!(unaligned.len() >= 5, "unaligned checkpoints completed under backpressure: {unaligned:?}\n{}", stderr(&out));
+    assert_fast_and_slow_counted_once(&job);
+    println!("checkpoint durations (ms): aligned {aligned:?}; unaligned under backpressure {unaligned:?}");
+}
