@@ -53,8 +53,13 @@ fn customers(pg: &Server) {
 /// and written exactly once to `out/eo`; the join's stage is slowed so
 /// that the job outlives its kills.
 fn lookup_job(pg: &Server, parallelism: u32, events: u64, missing: &str) -> Job {
+    lookup_job_with(pg, parallelism, events, missing, "")
+}
+
+/// As [`lookup_job`], with more `checkpoint:` settings (indented lines).
+fn lookup_job_with(pg: &Server, parallelism: u32, events: u64, missing: &str, checkpoint: &str) -> Job {
     let yaml = format!(
-        "name: eo-test\nparallelism: {parallelism}\ncheckpoint:\n  interval: 150ms\n\
+        "name: eo-test\nparallelism: {parallelism}\ncheckpoint:\n  interval: 150ms\n{checkpoint}\
          sources:\n  orders:\n    generator: {{events: {events}, keys: {KEYS}, rate: 0, batch_size: 200}}\n\
          steps:\n  - name: enriched\n    input: orders\n    lookup_join:\n      on: key\n      postgres: {{connection: \"{}\", table: customers, key: [id], columns: {{name: string, tier: int64, value: float64}}}}\n      cache: {{max_rows: 100, ttl: 1h}}\n      missing: {missing}\n\
          sinks:\n  out:\n    input: enriched\n    file: {{path: out/eo, format: jsonl, guarantee: exactly-once}}\n",
@@ -107,6 +112,18 @@ fn a_lookup_join_adds_each_records_rows_once_under_worker_kills() {
     let out = run_with_worker_kills(&job, 3, |_| {});
     assert!(stderr(&out).contains("restarting"), "no restart was reported:\n{}", stderr(&out));
     assert_enriched(&job, EVENTS, false);
+}
+
+#[test]
+fn a_lookup_join_under_unaligned_checkpoints_and_under_an_alignment_timeout_adds_each_records_rows_once_under_worker_kills() {
+    let pg = Server::start();
+    customers(&pg);
+    for checkpoint in ["  mode: unaligned\n", "  alignment_timeout: 5ms\n"] {
+        let job = lookup_job_with(&pg, 2, EVENTS, "drop", checkpoint);
+        let out = run_with_worker_kills(&job, 3, |_| {});
+        assert!(stderr(&out).contains("restarting"), "{checkpoint}: no restart was reported:\n{}", stderr(&out));
+        assert_enriched(&job, EVENTS, false);
+    }
 }
 
 #[test]

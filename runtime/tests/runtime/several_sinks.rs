@@ -58,19 +58,36 @@ fn a_file_sink_and_a_two_phase_postgres_sink_commit_the_same_checkpoints_under_k
     assert!(pg.prepared().is_empty(), "transactions stay prepared: {:?}", pg.prepared());
 }
 
-#[test]
-fn a_crash_after_one_sink_committed_a_checkpoint_and_before_the_other_did_leaves_both_exactly_once() {
-    let pg = postgres::Server::start();
-    let (table, copy) = postgres_copy(&pg);
+/// A file sink and a two-phase PostgreSQL sink, the process tree crashed
+/// once at `point` of checkpoint 3 and restarted: both outputs hold every
+/// record once (never one sink's checkpoint without the other's), nothing
+/// stays prepared.
+fn crash_two_sinks_at(pg: &postgres::Server, point: &str) {
+    let (table, copy) = postgres_copy(pg);
     let mut job = counted_into_two_sinks(2, 60_000, 97, 20_000, &copy);
     job.env.extend(pg.env());
     let marker = job.path("fault-fired");
-    let out = job.command(&[]).env("WEIR_FAULT", "after-sink-commit@3").env("WEIR_FAULT_ONCE", &marker).output().unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert!(marker.exists(), "the fault never fired");
+    let out = job.command(&[]).env("WEIR_FAULT", format!("{point}@3")).env("WEIR_FAULT_ONCE", &marker).output().unwrap();
+    assert!(out.status.success(), "crash at {point}: {}", stderr(&out));
+    assert!(marker.exists(), "the fault at {point} never fired");
+    assert!(stderr(&out).contains("restarting"), "crash at {point}: no restart was reported:\n{}", stderr(&out));
     job.assert_exactly_once();
     job.assert_exactly_once_of(&pg.rows(&table));
-    assert!(pg.prepared().is_empty(), "transactions stay prepared: {:?}", pg.prepared());
+    assert!(pg.prepared().is_empty(), "crash at {point}: transactions stay prepared: {:?}", pg.prepared());
+}
+
+#[test]
+fn a_crash_after_one_sink_committed_a_checkpoint_and_before_the_other_did_leaves_both_exactly_once() {
+    let pg = postgres::Server::start();
+    crash_two_sinks_at(&pg, "after-sink-commit");
+}
+
+#[test]
+fn a_crash_at_each_point_of_a_checkpoint_leaves_a_file_sink_and_a_postgres_sink_both_exactly_once() {
+    let pg = postgres::Server::start();
+    for point in ["mid-alignment", "mid-transaction", "after-prepare", "after-ack", "after-complete", "before-commit"] {
+        crash_two_sinks_at(&pg, point);
+    }
 }
 
 #[test]
