@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
-use crate::checkpoint_cost::{percentile, written_per_checkpoint};
+use crate::checkpoint_cost::{durations_ms, percentile, written_per_checkpoint};
 
 pub struct Options {
     weir: PathBuf,
@@ -122,17 +122,8 @@ fn run_once(o: &Options, c: &Config) -> Result<Sample> {
     if !out.status.success() {
         bail!("weir run failed: {}", String::from_utf8_lossy(&out.stderr));
     }
-    let log = String::from_utf8_lossy(&out.stderr);
     // The final checkpoint (always aligned, after the input ended) is not a periodic one.
-    let mut durations_ms: Vec<f64> = log
-        .lines()
-        .filter(|l| l.contains("checkpoint complete"))
-        .filter_map(|l| {
-            l.split_whitespace()
-                .find_map(|f| f.strip_prefix("duration_ms="))
-                .and_then(|v| v.parse().ok())
-        })
-        .collect();
+    let mut durations_ms = durations_ms(&String::from_utf8_lossy(&out.stderr));
     durations_ms.pop();
     let checkpoints = dir.join("state/bp/checkpoints");
     let in_flight_bytes = sizes(&checkpoints, true);

@@ -103,15 +103,20 @@ fn run_once(o: &Options, w: &Workload) -> Result<Sample> {
     if summary["records_out"].as_u64() != Some(events) {
         bail!("the run processed {} of {events} events", summary["records_out"]);
     }
-    let log = String::from_utf8_lossy(&out.stderr);
-    let durations_ms = log
-        .lines()
-        .filter(|l| l.contains("checkpoint complete"))
-        .filter_map(|l| l.split_whitespace().find_map(|f| f.strip_prefix("duration_ms=")).and_then(|v| v.parse().ok()))
-        .collect();
+    let durations_ms = durations_ms(&String::from_utf8_lossy(&out.stderr));
     let sizes = if w.incremental { written_per_checkpoint(&dir.join("state/cost/shared")) } else { checkpoint_sizes(&dir.join("state/cost/checkpoints")) };
     let _ = std::fs::remove_dir_all(&dir);
     Ok(Sample { records_per_s: events as f64 / wall, cpu_s_per_m: cpu / (events as f64 / 1e6), durations_ms, sizes, checkpoints: summary["checkpoints"].as_u64().unwrap_or(0) })
+}
+
+/// The duration of every completed checkpoint, from the coordinator's
+/// "checkpoint complete" log lines (trigger to metadata written), in order;
+/// the run must log `weir_runtime::checkpoint` at info.
+pub fn durations_ms(log: &str) -> Vec<f64> {
+    log.lines()
+        .filter(|l| l.contains("checkpoint complete"))
+        .filter_map(|l| l.split_whitespace().find_map(|f| f.strip_prefix("duration_ms=")).and_then(|v| v.parse().ok()))
+        .collect()
 }
 
 /// Incremental checkpoints: the bytes each checkpoint wrote, from the

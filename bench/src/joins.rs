@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
-use crate::checkpoint_cost::{checkpoint_sizes, percentile};
+use crate::checkpoint_cost::{checkpoint_sizes, durations_ms, percentile};
 
 pub struct Options {
     weir: PathBuf,
@@ -108,12 +108,7 @@ fn run_once(o: &Options, kind: &Kind, interval: &str) -> Result<Sample> {
     if summary["records_in"].as_u64() != Some(input) {
         bail!("{}: the run read {} of {input} records", kind.name, summary["records_in"]);
     }
-    let log = String::from_utf8_lossy(&out.stderr);
-    let durations_ms = log
-        .lines()
-        .filter(|l| l.contains("checkpoint complete"))
-        .filter_map(|l| l.split_whitespace().find_map(|f| f.strip_prefix("duration_ms=")).and_then(|v| v.parse().ok()))
-        .collect();
+    let durations_ms = durations_ms(&String::from_utf8_lossy(&out.stderr));
     let sizes = if interval == "0s" { Vec::new() } else { checkpoint_sizes(&dir.join("state/joins/checkpoints")) };
     let _ = std::fs::remove_dir_all(&dir);
     Ok(Sample {
