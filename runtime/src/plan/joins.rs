@@ -15,7 +15,7 @@
 use std::sync::Arc;
 
 use arrow::datatypes::{DataType, Field, Schema};
-use weir_api::pipeline::{FieldType, IntervalJoinSpec, IntervalJoinType, JoinSpec, LookupJoinSpec, Missing, WindowJoinSpec, WindowKind};
+use weir_api::pipeline::{IntervalJoinSpec, IntervalJoinType, JoinSpec, LookupJoinSpec, Missing, WindowJoinSpec, WindowKind};
 
 use super::steps::{StepAt, Stream};
 use super::{names, IntervalJoinPlan, JoinSide, LookupPlan, OperatorKind, OperatorPlan, RegularJoinPlan, WindowJoinPlan};
@@ -128,12 +128,7 @@ pub(super) fn plan_lookup_join(stream: &mut Stream, spec: &LookupJoinSpec, at: S
     let mut fields: Vec<Arc<Field>> = stream.schema.fields().iter().cloned().collect();
     let mut columns = Vec::new();
     for (column, ty) in &spec.postgres.columns.0 {
-        let data_type = match ty {
-            FieldType::Int64 => DataType::Int64,
-            FieldType::Float64 => DataType::Float64,
-            FieldType::String => DataType::Utf8,
-            FieldType::Boolean => DataType::Boolean,
-        };
+        let data_type = super::arrow_type(*ty);
         let mut name = column.clone();
         if fields.iter().any(|f| f.name() == &name) {
             name = format!("{}_{column}", at.id);
@@ -234,7 +229,7 @@ fn joined_schema(inputs: &Inputs, right_nullable: bool, at: &StepAt) -> Result<A
 }
 
 /// A type as pipelines write it (`int64`, `string`).
-fn user_type(t: &DataType) -> String {
+pub(crate) fn user_type(t: &DataType) -> String {
     match t {
         DataType::Int64 => "int64".into(),
         DataType::Float64 => "float64".into(),

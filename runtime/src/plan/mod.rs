@@ -26,6 +26,8 @@ mod joins;
 mod stages;
 mod steps;
 
+pub(crate) use joins::user_type;
+
 pub struct JobPlan {
     pub spec: PipelineSpec,
     /// In the order of the graph's nodes (inputs first); a stage only reads
@@ -389,13 +391,7 @@ pub fn source_schema(spec: &SourceSpec) -> SchemaRef {
                 .0
                 .iter()
                 .map(|(name, ty)| {
-                    let dt = match ty {
-                        FieldType::Int64 => DataType::Int64,
-                        FieldType::Float64 => DataType::Float64,
-                        FieldType::String => DataType::Utf8,
-                        FieldType::Boolean => DataType::Boolean,
-                    };
-                    Field::new(name, dt, true)
+                    Field::new(name, arrow_type(*ty), true)
                 })
                 .collect::<Vec<_>>(),
         )),
@@ -439,3 +435,14 @@ fn names(schema: &Schema) -> String {
 
 #[cfg(test)]
 mod tests;
+
+/// The Arrow type of a field declared in a pipeline (a source's schema, a
+/// lookup join's columns).
+pub(crate) fn arrow_type(ty: FieldType) -> DataType {
+    match ty {
+        FieldType::Int64 => DataType::Int64,
+        FieldType::Float64 => DataType::Float64,
+        FieldType::String => DataType::Utf8,
+        FieldType::Boolean => DataType::Boolean,
+    }
+}

@@ -25,7 +25,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Client;
 
 use crate::error::{Error, Result};
-use crate::plan::LookupPlan;
+use crate::plan::{user_type, LookupPlan};
 use crate::sink::{connect_to_postgres, postgres_failed, quote_ident};
 
 /// One key field's value; floats are refused as lookup keys when planning.
@@ -311,7 +311,7 @@ impl LookupJoin {
         for row in rows {
             let read_failed = |e: tokio_postgres::Error| Error::Job(format!("{}: reading a row of {}: {e}", self.step, self.plan.table));
             let place: i64 = row.try_get(0).map_err(read_failed)?;
-            let Some(rows) = usize::try_from(place - 1).ok().and_then(|p| found.get_mut(p)) else {
+            let Some(rows) = place.checked_sub(1).and_then(|p| usize::try_from(p).ok()).and_then(|p| found.get_mut(p)) else {
                 return Err(Error::Job(format!("{}: {} answered for key {place} of {}", self.step, self.plan.table, wanted.len())));
             };
             let mut values = Vec::with_capacity(self.plan.columns.len());
@@ -338,15 +338,6 @@ fn sql_type(t: &DataType) -> &'static str {
         DataType::Boolean => "bool",
         DataType::Utf8 => "text",
         _ => "unknown",
-    }
-}
-
-fn user_type(t: &DataType) -> &'static str {
-    match t {
-        DataType::Int64 => "int64",
-        DataType::Float64 => "float64",
-        DataType::Boolean => "boolean",
-        _ => "string",
     }
 }
 
