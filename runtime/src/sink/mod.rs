@@ -249,13 +249,28 @@ pub(crate) fn encode_jsonl(batch: &RecordBatch) -> std::result::Result<Vec<u8>, 
     Ok(w.into_inner())
 }
 
+/// Whether `spec` is a Kafka sink that writes in transactions: its
+/// restore reads a progress topic that earlier runs' open transactions
+/// hold back ([`before_opening`]).
+pub fn settles_kafka_transactions(spec: &SinkSpec) -> bool {
+    matches!(spec, SinkSpec::Kafka(k) if k.guarantee == Guarantee::ExactlyOnce)
+}
+
 /// What a worker does before it opens any of its sink subtasks: the Kafka
 /// exactly-once sink fences the transactions earlier runs of each hosted
 /// subtask may have left open (`subtasks`: each with the restored states it
 /// takes over), so that no subtask's restore waits on a sibling's.
-pub async fn before_opening(spec: &SinkSpec, scope: &SinkScope, job: &str, subtasks: &[(u32, Vec<SinkState>)], parallelism: u32, storage: &CheckpointStorage) -> Result<()> {
+/// `siblings` counts the worker's subtasks of every such sink: the worker
+/// opens them one after another, and a restoring subtask reads the
+/// progress topic, which a transaction an earlier run of a sibling left
+/// open holds back until that sibling fences it, or for the whole
+/// transaction timeout. Two sinks of a job share a progress topic unless
+/// told otherwise, and a sibling of the other sink waiting the same way
+/// in another worker made the wait a ten-minute deadlock. Alone, a
+/// subtask fences its earlier runs as it opens.
+pub async fn before_opening(spec: &SinkSpec, scope: &SinkScope, job: &str, (subtasks, siblings): (&[(u32, Vec<SinkState>)], usize), parallelism: u32, storage: &CheckpointStorage) -> Result<()> {
     match spec {
-        SinkSpec::Kafka(k) if k.guarantee == Guarantee::ExactlyOnce && subtasks.len() > 1 => {
+        SinkSpec::Kafka(k) if settles_kafka_transactions(spec) && siblings > 1 => {
             kafka::Transactional::fence_earlier_runs(k, &scope.external(job, storage).await?, subtasks, parallelism, &storage.dir(&scope.ids_dir())).await
         }
         _ => Ok(()),

@@ -344,6 +344,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     // promised less skips it.
     let alignment = if spec.runtime_guarantee() == Guarantee::ExactlyOnce { Alignment::Aligned } else { Alignment::Tracked };
     let mut sink_openings: HashMap<usize, SinkOpening> = HashMap::new();
+    let settling = plan.stages.iter().filter(|s| matches!(&s.output, StageOutput::Sink(sink) if crate::sink::settles_kafka_transactions(&sink.spec))).count() * hosted.len();
     for stage in &plan.stages {
         let StageOutput::Sink(sink) = &stage.output else { continue };
         let states = match &restored {
@@ -355,7 +356,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
         let keep = if hosted.contains(&0) { Some(restore::referenced_sink_files(&storage, restored.as_ref(), &sink.state_id).await?) } else { None };
         let scope = SinkScope::of(&sink.state_id);
         let hosted_sinks: Vec<(u32, Vec<SinkState>)> = hosted.iter().map(|&j| (j, states_of_subtask(&states, j, p))).collect();
-        crate::sink::before_opening(&sink.spec, &scope, job_id, &hosted_sinks, p, &storage).await?;
+        crate::sink::before_opening(&sink.spec, &scope, job_id, (&hosted_sinks, settling), p, &storage).await?;
         sink_openings.insert(stage.index, SinkOpening { states, keep, scope });
     }
     let mut tasks = JoinSet::new();

@@ -101,10 +101,10 @@ fn a_stdout_sink_beside_a_file_sink_makes_the_job_at_least_once_and_the_file_sta
     job.assert_exactly_once();
 }
 
-#[test]
-fn two_exactly_once_kafka_sinks_on_one_topic_keep_their_transactions_apart_under_kills() {
-    // Both write to one topic and one progress topic: their transactional
-    // ids, progress markers and logs must not be taken for each other's.
+/// Sinks `main` and `copy` (whose records carry `copied`) of the counting
+/// job, both exactly-once into one new topic and one progress topic of the
+/// shared broker; returns the job and the topic.
+fn counted_into_one_kafka_topic_twice(events: u64, rate: u64) -> (Job, String) {
     let broker = kafka::Broker::shared();
     let topic = kafka::topic("two-sinks");
     broker.create_topic(&topic, 3);
@@ -114,12 +114,20 @@ fn two_exactly_once_kafka_sinks_on_one_topic_keep_their_transactions_apart_under
     );
     let yaml = format!(
         "name: eo-test\nparallelism: 2\ncheckpoint: {{interval: 150ms}}\n\
-         sources:\n  a: {{generator: {{events: 60000, keys: 97, rate: 20000, batch_size: 256}}}}\n\
+         sources:\n  a: {{generator: {{events: {events}, keys: 97, rate: {rate}, batch_size: 256}}}}\n\
          steps:\n  - {{name: keyed, input: a, key_by: key}}\n  - {{name: counts, input: keyed, running_count: count}}\n\
          \x20 - {{name: marked, input: counts, select: [seq, key, value, count, \"seq AS copied\"]}}\n\
          sinks:\n  main:\n    input: counts\n{kafka}  copy:\n    input: marked\n{kafka}"
     );
-    let job = Job::with_pipeline(&yaml, 60_000, 97);
+    (Job::with_pipeline(&yaml, events, 97), topic)
+}
+
+#[test]
+fn two_exactly_once_kafka_sinks_on_one_topic_keep_their_transactions_apart_under_kills() {
+    // Both write to one topic and one progress topic: their transactional
+    // ids, progress markers and logs must not be taken for each other's.
+    let broker = kafka::Broker::shared();
+    let (job, topic) = counted_into_one_kafka_topic_twice(60_000, 20_000);
     run_with_worker_kills(&job, 3, |_| {});
     let (copies, mains): (Vec<_>, Vec<_>) = broker.committed_records(&topic).into_iter().partition(|r| r.get("copied").is_some());
     job.assert_exactly_once_of(&mains);
@@ -128,4 +136,30 @@ fn two_exactly_once_kafka_sinks_on_one_topic_keep_their_transactions_apart_under
     for own in ["kafka-transactional-ids-main", "kafka-transactional-ids-copy"] {
         assert!(dirs.iter().any(|d| d == own), "no {own} in the job's storage: {dirs:?}");
     }
+}
+
+#[test]
+fn a_crash_after_a_progress_marker_with_two_kafka_sinks_on_one_progress_topic_restores_without_waiting_for_the_transaction_timeout() {
+    // The crash leaves transactions with progress markers open. Each
+    // worker hosts a subtask of both sinks and opens them one after
+    // another; a restoring subtask reads the progress topic, so an open
+    // transaction of the other sink's earlier run, in this worker or the
+    // other, held it back until the broker aborted it: ten minutes (the
+    // default transaction_timeout), a deadlock to the user.
+    let broker = kafka::Broker::shared();
+    let (mut job, topic) = counted_into_one_kafka_topic_twice(60_000, 15_000);
+    let marker = job.path("fault-fired");
+    job.env.push(("WEIR_FAULT".into(), "after-marker@2".into()));
+    job.env.push(("WEIR_FAULT_ONCE".into(), marker.to_string_lossy().into_owned()));
+    let started = std::time::Instant::now();
+    let child = job.spawn(&[]);
+    let out = wait_with_timeout(child, std::time::Duration::from_secs(150));
+    let err = stderr(&out);
+    assert!(out.status.success(), "weir run failed:\n{err}");
+    assert!(marker.exists(), "the fault never fired:\n{err}");
+    assert!(err.contains("restarting"), "no restart was reported:\n{err}");
+    println!("finished in {:?} with a crash after a progress marker", started.elapsed());
+    let (copies, mains): (Vec<_>, Vec<_>) = broker.committed_records(&topic).into_iter().partition(|r| r.get("copied").is_some());
+    job.assert_exactly_once_of(&mains);
+    job.assert_exactly_once_of(&copies);
 }
