@@ -1,10 +1,16 @@
 //! Which spec changes need new pods. The hash covers the fields the pods are
 //! built from; lifecycle fields (upgrade mode, desired state, triggers,
 //! backoff, savepoint settings, initialSavepoint) change what the operator
-//! does, not what runs, so editing them never restarts a job.
+//! does, not what runs, so editing them never restarts a job. Fields at
+//! their defaults are left out, so that a release that adds a defaulted
+//! field hashes every existing spec as before: otherwise the field's
+//! default, serialized into every spec, would upgrade every job at once
+//! when the operator is upgraded. Hashes of the earlier scheme, which
+//! kept the defaults, are rewritten once ([`migrate`]).
 
+use serde_json::Value;
 use sha2::{Digest, Sha256};
-use weir_api::streamjob::StreamJobSpec;
+use weir_api::streamjob::{StreamJobSpec, StreamJobStatus};
 
 /// Spec fields that do not shape the pods.
 const LIFECYCLE_FIELDS: &[&str] = &[
@@ -27,7 +33,16 @@ const LIFECYCLE_FIELDS: &[&str] = &[
 /// changed `spec.image` would, savepoint first, instead of slipping into the
 /// next restart. A job with `spec.image` hashes as it always did.
 pub fn spec_hash(spec: &StreamJobSpec, image: Option<&str>) -> String {
-    let mut value = serde_json::to_value(spec).unwrap_or_default();
+    let value = serde_json::to_value(spec).unwrap_or_default();
+    hash_of(without_defaults(value), image)
+}
+
+/// The hash of the earlier scheme, fields at their defaults included.
+fn legacy_spec_hash(spec: &StreamJobSpec, image: Option<&str>) -> String {
+    hash_of(serde_json::to_value(spec).unwrap_or_default(), image)
+}
+
+fn hash_of(mut value: Value, image: Option<&str>) -> String {
     if let Some(obj) = value.as_object_mut() {
         for f in LIFECYCLE_FIELDS {
             obj.remove(*f);
@@ -41,6 +56,98 @@ pub fn spec_hash(spec: &StreamJobSpec, image: Option<&str>) -> String {
     let canonical = canonical_json(&value);
     let digest = Sha256::digest(canonical.as_bytes());
     digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// Members taken as they are: the pipeline document is kept as written,
+/// and the pod template is Kubernetes' own type, which serializes only
+/// what was given.
+const AS_WRITTEN: &[&str] = &["pipeline", "podTemplate"];
+
+/// `spec` (a serialized [`StreamJobSpec`]) without the fields whose value
+/// is what the spec would get without them. Found by trial, one field at a
+/// time, outer fields first: whatever the defaults are, they come from the
+/// deserializer itself.
+fn without_defaults(spec: Value) -> Value {
+    let mut paths = Vec::new();
+    object_paths(&spec, &mut Vec::new(), &mut paths);
+    let mut out = spec;
+    for path in paths {
+        if lookup(&out, &path).is_none() {
+            continue;
+        }
+        let mut trial = out.clone();
+        remove(&mut trial, &path);
+        let Ok(back) = serde_json::from_value::<StreamJobSpec>(trial.clone()).and_then(serde_json::to_value) else { continue };
+        if lookup(&back, &path) == lookup(&out, &path) {
+            out = trial;
+        }
+    }
+    out
+}
+
+/// Every path to an object member, parents before their members.
+fn object_paths(value: &Value, at: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+    if let Value::Object(map) = value {
+        for (k, v) in map {
+            if at.is_empty() && AS_WRITTEN.contains(&k.as_str()) {
+                continue;
+            }
+            at.push(k.clone());
+            out.push(at.clone());
+            object_paths(v, at, out);
+            at.pop();
+        }
+    }
+}
+
+fn lookup<'a>(value: &'a Value, path: &[String]) -> Option<&'a Value> {
+    path.iter().try_fold(value, |v, k| v.as_object()?.get(k))
+}
+
+fn remove(value: &mut Value, path: &[String]) {
+    let Some((last, parents)) = path.split_last() else { return };
+    let parent = parents.iter().try_fold(value, |v, k| v.as_object_mut()?.get_mut(k));
+    if let Some(Value::Object(map)) = parent {
+        map.remove(last);
+    }
+}
+
+/// Rewrites the hashes in `status` that the earlier scheme computed for
+/// `spec` (and, for the last stable spec, for the spec it keeps) to this
+/// scheme's, so that the operator release that changed the scheme does not
+/// take every job for changed. Whether anything changed.
+pub fn migrate(status: &mut StreamJobStatus, spec: &StreamJobSpec, image: Option<&str>) -> bool {
+    let mut renamed: Vec<(String, String)> = vec![(legacy_spec_hash(spec, image), spec_hash(spec, image))];
+    if let Some(stable) = &status.last_stable_spec {
+        if let Ok(stable_spec) = serde_json::from_str::<StreamJobSpec>(&stable.spec) {
+            renamed.push((legacy_spec_hash(&stable_spec, image), spec_hash(&stable_spec, image)));
+        }
+    }
+    renamed.retain(|(old, new)| old != new);
+    let mut changed = false;
+    let mut rename = |hash: &mut String| {
+        if let Some((_, new)) = renamed.iter().find(|(old, _)| old == hash) {
+            *hash = new.clone();
+            changed = true;
+        }
+    };
+    if let Some(h) = status.deployed_spec_hash.as_mut() {
+        rename(h);
+    }
+    if let Some(run) = status.run.as_mut() {
+        rename(&mut run.spec_hash);
+    }
+    if let Some(stable) = status.last_stable_spec.as_mut() {
+        rename(&mut stable.spec_hash);
+    }
+    if let Some(trial) = status.upgrade_trial.as_mut() {
+        rename(&mut trial.spec_hash);
+    }
+    if let Some(rb) = status.rollback.as_mut() {
+        rename(&mut rb.spec_hash);
+        rename(&mut rb.to_spec_hash);
+    }
+    changed
 }
 
 /// JSON with object keys sorted at every level, so that the hash does not
@@ -96,6 +203,59 @@ mod tests {
         e.spec.pod_template.as_mut().unwrap().metadata.as_mut().unwrap().labels = Some([("team".to_string(), "data".to_string())].into());
         assert_ne!(h, spec_hash(&e.spec, None), "the pod template shapes the pods");
         assert_eq!(h.len(), 16);
+    }
+
+    #[test]
+    fn a_field_a_later_release_adds_with_a_default_leaves_every_hash_as_it_was() {
+        // A later release serializes its new field, at its default, into
+        // every spec; the hash leaves out what equals the default, so this
+        // one's hash of the same spec is the later one's. Simulated: a spec
+        // serialized with every field, against one holding only what
+        // differs from the defaults.
+        let job = JobBuilder::new("j").spec(|s| s.parallelism = 3).build();
+        let full = serde_json::to_value(&job.spec).unwrap();
+        let stripped = without_defaults(full.clone());
+        assert!(stripped.get("parallelism").is_some(), "a set field stays: {stripped}");
+        assert!(stripped.get("allowNonRestoredState").is_none(), "a default is left out: {stripped}");
+        assert!(full.get("allowNonRestoredState").is_some(), "the serialized spec has it");
+        let mut later = full.clone();
+        later.as_object_mut().unwrap().insert("futureField".into(), serde_json::json!({"setting": 7}));
+        let with_future = |v: Value| {
+            let mut v = without_defaults(v);
+            // What the later release finds to be its default.
+            if v.get("futureField") == Some(&serde_json::json!({"setting": 7})) {
+                v.as_object_mut().unwrap().remove("futureField");
+            }
+            v
+        };
+        assert_eq!(hash_of(with_future(later), None), spec_hash(&job.spec, None));
+        let mut changed = job.clone();
+        changed.spec.checkpoint.retain += 1;
+        assert_ne!(spec_hash(&changed.spec, None), spec_hash(&job.spec, None), "a nested setting off its default counts");
+    }
+
+    #[test]
+    fn hashes_of_the_earlier_scheme_in_status_are_rewritten_once_and_others_kept() {
+        use weir_api::streamjob::{RunStatus, StableSpec};
+        let job = JobBuilder::new("j").build();
+        let (legacy, new) = (legacy_spec_hash(&job.spec, Some("weir:1")), spec_hash(&job.spec, Some("weir:1")));
+        assert_ne!(legacy, new, "the schemes differ for a spec with defaults");
+        let mut status = StreamJobStatus {
+            deployed_spec_hash: Some(legacy.clone()),
+            run: Some(RunStatus::decided("r-1".into(), 1, legacy.clone(), 1, k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::from_second(1_800_000_000).unwrap()))),
+            last_stable_spec: Some(StableSpec { spec_hash: legacy.clone(), generation: Some(1), spec: serde_json::to_string(&job.spec).unwrap() }),
+            ..Default::default()
+        };
+        assert!(migrate(&mut status, &job.spec, Some("weir:1")));
+        assert_eq!(status.deployed_spec_hash.as_deref(), Some(new.as_str()));
+        assert_eq!(status.run.as_ref().unwrap().spec_hash, new);
+        assert_eq!(status.last_stable_spec.as_ref().unwrap().spec_hash, new);
+        assert!(!migrate(&mut status, &job.spec, Some("weir:1")), "once");
+        // A hash of another spec (a change the user made) stays, so the
+        // change still upgrades the job.
+        let mut other = StreamJobStatus { deployed_spec_hash: Some("0123456789abcdef".into()), ..Default::default() };
+        assert!(!migrate(&mut other, &job.spec, Some("weir:1")));
+        assert_eq!(other.deployed_spec_hash.as_deref(), Some("0123456789abcdef"));
     }
 
     #[test]
