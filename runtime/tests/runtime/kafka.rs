@@ -5,7 +5,9 @@
 //! checkpoint (alignment, acknowledgement, after the progress marker,
 //! between completion and commit, before the sink's commit) keeps Kafka to
 //! Kafka exactly once and leaves no open transaction; a broker down at
-//! start and restarted mid-run costs no record and does not flood the log;
+//! start and restarted mid-run costs no record and does not flood the log,
+//! and neither do outages at random moments, clean stops and SIGKILLs of a
+//! broker that flushes every write;
 //! a crash between a checkpoint's completion and its transaction's commit
 //! still delivers that checkpoint once; offsets move to new owners on a
 //! rescaled restore; read_committed
@@ -219,6 +221,48 @@ fn a_broker_down_at_start_and_restarted_mid_run_costs_no_record() {
     println!("{complaints} lines from librdkafka in {} lines:\n{err}", err.lines().count());
     assert!(complaints < 100, "{complaints} lines from librdkafka flood the log:\n{err}");
     // An open transaction would hide later records from the read below.
+    job.assert_no_open_transaction();
+    job.assert_exactly_once();
+    assert_sink_log_empty(&job);
+}
+
+/// Outages of the only broker at random moments (while records are read,
+/// written, marked, committed or settled on restore), each of a random
+/// length, half of them a crash (SIGKILL) and half a clean stop: the job
+/// restarts through them and every record lands once.
+/// `WEIR_OUTAGE_SEED` repeats a run; the seed is printed first.
+#[test]
+fn broker_outages_at_random_moments_keep_kafka_to_kafka_exactly_once() {
+    use rand::{Rng, SeedableRng};
+    let seed = std::env::var("WEIR_OUTAGE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random::<u64>);
+    println!("WEIR_OUTAGE_SEED={seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let broker = kafka::PrivateBroker::start();
+    let job = Job::counting(2, 40_000, 40, 0, "200ms").input_from_kafka_on(&broker.client(), 3, 4_000).output_to_kafka_on(&broker.client(), "exactly-once");
+    let mut child = job.spawn(&["--max-restarts", "60"]);
+    let mut outages = Vec::new();
+    for _ in 0..4 {
+        let up = Duration::from_millis(rng.random_range(300..3_000));
+        std::thread::sleep(up);
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        let down = Duration::from_millis(rng.random_range(200..4_000));
+        let crash = rng.random_bool(0.5);
+        if crash {
+            broker.crash();
+        } else {
+            broker.stop();
+        }
+        std::thread::sleep(down);
+        broker.resume();
+        outages.push((if crash { "crash" } else { "stop" }, up.as_millis(), down.as_millis()));
+    }
+    let out = wait_with_timeout(child, Duration::from_secs(300));
+    let err = stderr(&out);
+    println!("seed {seed}: outages (kind, up ms, down ms) {outages:?}\n{err}");
+    assert!(out.status.success(), "seed {seed}: weir run failed:\n{err}");
+    assert!(outages.len() >= 2, "seed {seed}: the job ended after {} outages", outages.len());
     job.assert_no_open_transaction();
     job.assert_exactly_once();
     assert_sink_log_empty(&job);

@@ -389,12 +389,16 @@ impl Transactional {
         // (the pipeline changed its target) have offsets of that topic, and
         // a read starting at the end of this one would wait for messages
         // nobody writes.
-        let from = entries.iter().map(|e| e.marker_offset).min().unwrap_or(0).min(probe_offset);
+        // An offset librdkafka did not know (-1) reads from the start.
+        let from = match entries.iter().map(|e| e.marker_offset).min().unwrap_or(0).min(probe_offset) {
+            o if o < 0 => Offset::Beginning,
+            o => Offset::Offset(o),
+        };
         let mut config = kafka::client_config(&self.spec.bootstrap_servers, &format!("weir-{}-{}-settle", self.job, self.subtask), super::user_settings(&self.spec), Scope::Connection)?;
         config.set("isolation.level", "read_committed").set("enable.auto.commit", "false").set("group.id", "weir-sink").set("auto.offset.reset", "earliest");
         let consumer: BaseConsumer<kafka::Quiet> = config.create_with_context(kafka::Quiet).map_err(|e| kafka::error(&context, e))?;
         let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(topic, 0, Offset::Offset(from)).map_err(|e| kafka::error(&context, e))?;
+        tpl.add_partition_offset(topic, 0, from).map_err(|e| kafka::error(&context, e))?;
         consumer.assign(&tpl).map_err(|e| kafka::error(&context, e))?;
         let wanted: HashSet<&str> = entries.iter().map(|e| e.id.as_str()).collect();
         let mut committed = HashSet::new();
@@ -404,7 +408,15 @@ impl Transactional {
         let deadline = Instant::now() + self.spec.transaction_timeout.get() + REQUEST_TIMEOUT;
         loop {
             if Instant::now() > deadline {
-                return Err(Error::Kafka { context, message: format!("the probe at offset {probe_offset} did not become readable in time"), fatal: false });
+                return Err(Error::Kafka {
+                    context,
+                    message: format!(
+                        "the probe at offset {probe_offset} of partition 0 did not become readable within transaction_timeout: a transaction holds the \
+                         partition back that no producer ends, as a broker that lost its commit marker leaves (an unreplicated broker killed, an unclean \
+                         leader election); `kafka-transactions.sh find-hanging` names it"
+                    ),
+                    fatal: false,
+                });
             }
             let next = tokio::task::block_in_place(|| consumer.poll(Duration::from_millis(200)).map(|r| r.map(|m| (m.offset(), m.key().map(<[u8]>::to_vec)))));
             match next {

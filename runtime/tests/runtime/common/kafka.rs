@@ -115,7 +115,10 @@ impl PrivateBroker {
     /// the storage); returns once it serves.
     pub fn resume(&self) {
         let mut command = Command::new(Self::script());
-        command.args(["start", "--dir", self.dir.to_str().unwrap(), "--port", &self.port.to_string(), "--controller-port", &self.controller.to_string()]);
+        // Flushed on every write: these brokers are stopped and killed, and
+        // a killed broker otherwise loses unflushed writes it acknowledged
+        // (see `e2e/kafka/broker --help`), which no client can make up for.
+        command.args(["start", "--dir", self.dir.to_str().unwrap(), "--port", &self.port.to_string(), "--controller-port", &self.controller.to_string(), "--flush-every-write"]);
         if let Some(port) = self.sasl_ssl {
             command.args(["--sasl-ssl-port", &port.to_string()]).env_remove("WEIR_KAFKA_SASL_PASSWORD");
         }
@@ -129,6 +132,20 @@ impl PrivateBroker {
     pub fn stop(&self) {
         let out = Command::new(Self::script()).args(["stop", "--dir", self.dir.to_str().unwrap()]).output().expect("run e2e/kafka/broker");
         assert!(out.status.success(), "e2e/kafka/broker stop failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// Kills the broker (SIGKILL), as a crash of its machine's process
+    /// would; its data stays for [`PrivateBroker::resume`], which then
+    /// recovers the logs of an unclean shutdown.
+    pub fn crash(&self) {
+        let pid_file = self.dir.join("broker.pid");
+        let pid = std::fs::read_to_string(&pid_file).expect("the broker's pid file");
+        let out = Command::new("kill").args(["-9", pid.trim()]).output().expect("run kill");
+        assert!(out.status.success(), "kill -9 {pid} failed");
+        while Command::new("kill").args(["-0", pid.trim()]).output().is_ok_and(|o| o.status.success()) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let _ = std::fs::remove_file(pid_file);
     }
 
     pub fn client(&self) -> Broker {
