@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use kube::runtime::events::{Recorder, Reporter};
-use kube::Client;
+use kube::runtime::reflector::Store;
+use kube::{Client, ResourceExt};
+use weir_api::streamjob::StreamJob;
 
 use crate::desired::WorkerSettings;
 use crate::metrics::Metrics;
@@ -34,6 +36,13 @@ pub struct Context {
     /// (status and an event); kept in memory only, so an operator restarted
     /// in between sees missing pods instead (one restart of the job).
     pub rejections: Mutex<HashMap<String, Rejection>>,
+    /// How many jobs may upgrade at once (`--max-concurrent-upgrades`), with
+    /// the operator's cache of its jobs to count them in.
+    pub upgrade_limit: Option<(usize, Store<StreamJob>)>,
+    /// By StreamJob uid: whether this operator's latest decision for the job
+    /// left an upgrade in flight; newer than the cache until the job's
+    /// status write comes back through the watch.
+    pub upgrades_decided: Mutex<HashMap<String, bool>>,
 }
 
 /// A StreamJob version this operator replaced by its own write.
@@ -48,7 +57,27 @@ pub struct Superseded {
 impl Context {
     pub fn new(client: Client, workers: Arc<dyn WorkerApi>, metrics: Arc<Metrics>, settings: WorkerSettings, instance: Option<String>) -> Context {
         let reporter = Reporter { controller: crate::FIELD_MANAGER.into(), instance };
-        Context { recorder: Recorder::new(client.clone(), reporter), client, workers, metrics, settings, tokens: Mutex::new(HashMap::new()), superseded: Mutex::new(HashMap::new()), pods: None, rejections: Mutex::new(HashMap::new()) }
+        Context { recorder: Recorder::new(client.clone(), reporter), client, workers, metrics, settings, tokens: Mutex::new(HashMap::new()), superseded: Mutex::new(HashMap::new()), pods: None, rejections: Mutex::new(HashMap::new()), upgrade_limit: None, upgrades_decided: Mutex::new(HashMap::new()) }
+    }
+
+    /// At most `limit` jobs of `jobs` upgrade at once.
+    pub fn with_upgrade_limit(mut self, limit: usize, jobs: Store<StreamJob>) -> Context {
+        self.upgrade_limit = Some((limit, jobs));
+        self
+    }
+
+    /// Decides `job` with the other jobs' upgrades in flight counted, and
+    /// records whether the decision leaves its own in flight. Counting and
+    /// recording hold one lock, so that two jobs decided at once cannot
+    /// both take the last slot.
+    pub fn decide(&self, job: &StreamJob, observed: &mut crate::observe::Observed) -> crate::lifecycle::Decision {
+        let Some((limit, jobs)) = &self.upgrade_limit else { return crate::lifecycle::decide(job, observed, &self.settings) };
+        let uid = job.uid().unwrap_or_default();
+        let mut decided = self.upgrades_decided.lock().unwrap_or_else(|e| e.into_inner());
+        observed.upgrades = crate::lifecycle::upgrade_slots(&uid, &jobs.state(), &decided, *limit);
+        let decision = crate::lifecycle::decide(job, observed, &self.settings);
+        decided.insert(uid, crate::lifecycle::upgrade_in_flight(&decision.status));
+        decision
     }
 
     /// Reconciles read the job's pods from `cache` when nothing is to be done.

@@ -62,6 +62,11 @@ struct Cli {
     /// The labels of the operator's pods (k=v,k=v), for --worker-network-policy.
     #[arg(long, env = "WEIR_OPERATOR_POD_LABELS", value_parser = parse_labels, requires = "worker_network_policy")]
     operator_pod_labels: Option<BTreeMap<String, String>>,
+    /// At most this many StreamJobs upgrade at once (savepoint, new pods,
+    /// restore); others whose spec changed keep running their previous spec
+    /// until a slot is free (status: UpgradeQueued). 0: no limit.
+    #[arg(long, env = "WEIR_MAX_CONCURRENT_UPGRADES", default_value_t = 0)]
+    max_concurrent_upgrades: usize,
     /// Log format: text or json.
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -167,7 +172,12 @@ async fn main() -> anyhow::Result<()> {
         .modify(|job| job.metadata.managed_fields = None)
         .reflect(job_writer)
         .applied_objects();
-    let ctx = Arc::new(Context::new(client.clone(), Arc::new(HttpWorkerApi::new()?), metrics, settings, instance).with_pod_cache(pod_cache));
+    let mut ctx = Context::new(client.clone(), Arc::new(HttpWorkerApi::new()?), metrics, settings, instance).with_pod_cache(pod_cache);
+    if cli.max_concurrent_upgrades > 0 {
+        info!(limit = cli.max_concurrent_upgrades, "at most this many jobs upgrade at once");
+        ctx = ctx.with_upgrade_limit(cli.max_concurrent_upgrades, job_cache.clone());
+    }
+    let ctx = Arc::new(ctx);
     let controller = Controller::for_stream(job_events, job_cache)
         .owns_stream(pod_events)
         .shutdown_on_signal()

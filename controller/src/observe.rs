@@ -238,11 +238,13 @@ pub struct Observed {
     /// take a TCP connection: killed or cut off, it will not confirm any
     /// deletion, so their pods are abandoned at once.
     pub kubelets_gone: Vec<IpAddr>,
+    /// The other jobs' upgrades in flight, and how many may be.
+    pub upgrades: crate::lifecycle::UpgradeSlots,
 }
 
 impl Observed {
     pub fn at(now: Timestamp) -> Observed {
-        Observed { now, pods: Vec::new(), coordinator: None, coordinator_error: None, savepoint: None, rejected: None, silent: Vec::new(), kubelets_gone: Vec::new() }
+        Observed { now, pods: Vec::new(), coordinator: None, coordinator_error: None, savepoint: None, rejected: None, silent: Vec::new(), kubelets_gone: Vec::new(), upgrades: Default::default() }
     }
 
     /// Pods that do not belong to `run` (an earlier run, or stray), except

@@ -19,7 +19,7 @@ use weir_api::streamjob::{StreamJob, StreamJobStatus};
 use crate::context::{Context, Superseded};
 use crate::desired;
 use crate::error::{Error, Result};
-use crate::lifecycle::{self, Decision, Effect};
+use crate::lifecycle::{Decision, Effect};
 use crate::names;
 use crate::lifecycle::REFUSED_POD;
 use crate::observe::{Observed, PodState, PodView, Rejection, RunHealth};
@@ -97,14 +97,14 @@ async fn reconcile_inner(job: &StreamJob, ctx: &Context) -> Result<Action> {
         None => list_pods(ctx, &ns, &name).await?,
     };
     let mut observed = observe(job, ctx, &ns, pods).await?;
-    let mut decision = lifecycle::decide(job, &observed, &ctx.settings);
+    let mut decision = ctx.decide(job, &mut observed);
     let old = job.status.clone().unwrap_or_default();
     if from_cache && !quiet(&decision, &old) {
         let listed = list_pods(ctx, &ns, &name).await?;
         if listed != observed.pods {
             debug!("the pod watch was behind the API server; deciding on the listed pods");
             observed = observe(job, ctx, &ns, listed).await?;
-            decision = lifecycle::decide(job, &observed, &ctx.settings);
+            decision = ctx.decide(job, &mut observed);
         }
     }
     if decision.status != old {
@@ -657,9 +657,9 @@ mod tests {
         let mut obs = Observed::at(jiff::Timestamp::now());
         obs.pods = pods.iter().map(PodView::of).collect();
         for _ in 0..4 {
-            job.status = Some(lifecycle::decide(&job, &obs, &WorkerSettings::default()).status);
+            job.status = Some(crate::lifecycle::decide(&job, &obs, &WorkerSettings::default()).status);
         }
-        let again = lifecycle::decide(&job, &obs, &WorkerSettings::default());
+        let again = crate::lifecycle::decide(&job, &obs, &WorkerSettings::default());
         assert!(quiet(&again, job.status.as_ref().unwrap()), "a fixed point: {again:?}");
         assert_eq!(job.status.as_ref().unwrap().run.as_ref().map(|r| r.pods_created), Some(true));
         (job, pods)
@@ -794,7 +794,7 @@ mod tests {
         let (ctx, mut handle) = context();
         // Deploying, the run decided and not created yet.
         let mut deploying = job("9", true);
-        deploying.status = Some(lifecycle::decide(&deploying, &Observed::at(jiff::Timestamp::now()), &WorkerSettings::default()).status);
+        deploying.status = Some(crate::lifecycle::decide(&deploying, &Observed::at(jiff::Timestamp::now()), &WorkerSettings::default()).status);
         let list = serde_json::json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": []});
         let refusal = serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Forbidden", "code": 403,
             "message": "pods \"j-1-0\" is forbidden: violates PodSecurity \"restricted:latest\": allowPrivilegeEscalation != false (container \"shipper\" must set securityContext.allowPrivilegeEscalation=false)"});

@@ -13,6 +13,8 @@
 //! restarted between the two continues without repeating anything that
 //! matters: a savepoint it already asked for is awaited, not taken twice.
 
+pub use upgrade_slots::{count as upgrade_slots, in_flight as upgrade_in_flight, UpgradeSlots};
+
 mod created;
 mod deadline;
 mod deleting;
@@ -30,6 +32,7 @@ mod savepointing;
 mod status;
 mod suspended;
 mod suspending;
+mod upgrade_slots;
 mod upgrading;
 
 #[cfg(test)]

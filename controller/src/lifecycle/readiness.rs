@@ -96,7 +96,10 @@ pub(super) fn judge(cx: &Cx, st: &StreamJobStatus, next: Option<Phase>, degraded
                         ready_reasons::UPGRADE_FAILED,
                         format!("{this} does not run, its upgrade failed: {why}; {what_runs}; the upgrade is retried"),
                     ),
-                    None => Readiness::not(ready_reasons::UPGRADE_PENDING, format!("{this} does not run yet: its upgrade has not started; {what_runs}")),
+                    None => match degraded.filter(|(r, _)| r == ready_reasons::UPGRADE_QUEUED) {
+                        Some((reason, m)) => Readiness::not(reason, format!("{this} does not run yet: {m}")),
+                        None => Readiness::not(ready_reasons::UPGRADE_PENDING, format!("{this} does not run yet: its upgrade has not started; {what_runs}")),
+                    },
                 };
             }
             if let Some((reason, m)) = degraded.filter(|(r, _)| NOT_PROGRESSING.contains(&r.as_str())) {

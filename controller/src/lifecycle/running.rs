@@ -17,6 +17,9 @@ pub struct Running;
 /// How often a running job's progress is read into status.
 pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(5);
 
+/// How often a queued upgrade looks for a free slot (see `upgrade_slots`).
+const UPGRADE_SLOT_POLL: Duration = Duration::from_secs(2);
+
 /// How long the coordinator of a run whose pods all look Running may leave
 /// the operator unanswered before the run counts as lost: longer than the
 /// workers' own heartbeat timeout (5 s), so that when some worker survives
@@ -146,6 +149,10 @@ fn after_progress(cx: &Cx, st: &mut StreamJobStatus, run: &RunStatus) -> Step {
         if let Err(why) = &cx.validation {
             let m = format!("spec change not applied: {why}; the job keeps running the previous spec");
             return Step::stay::<Running>().message(m.clone()).degraded(why.reason, m).requeue(PROGRESS_INTERVAL);
+        }
+        if let Some(why) = cx.obs.upgrades.wait_reason() {
+            let m = format!("spec change queued: {why}; the job keeps running the previous spec");
+            return Step::stay::<Running>().message(m.clone()).degraded(weir_api::streamjob::ready_reasons::UPGRADE_QUEUED, m).requeue(UPGRADE_SLOT_POLL);
         }
         return upgrade(cx, st);
     }

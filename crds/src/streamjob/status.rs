@@ -42,6 +42,10 @@ pub mod ready_reasons {
     /// The judged generation differs from the running one and its upgrade
     /// has not started yet.
     pub const UPGRADE_PENDING: &str = "UpgradePending";
+    /// The judged generation waits for an upgrade slot: as many other jobs
+    /// are upgrading as the operator lets upgrade at once
+    /// (`--max-concurrent-upgrades`); the previous spec keeps running.
+    pub const UPGRADE_QUEUED: &str = "UpgradeQueued";
     /// The judged generation was rolled back (spec.upgrade.rollback): it did
     /// not become healthy in time, or failed; the last spec that ran healthy
     /// runs instead, and the judged generation is not tried again until the

@@ -30,6 +30,8 @@ struct World {
     /// What the reconciler saw when it last created the run's objects.
     rejected: Option<Rejection>,
     settings: WorkerSettings,
+    /// The other jobs' upgrades in flight and the limit.
+    upgrades: crate::lifecycle::UpgradeSlots,
 }
 
 impl World {
@@ -44,6 +46,7 @@ impl World {
             savepoint: None,
             rejected: None,
             settings: WorkerSettings::default(),
+            upgrades: Default::default(),
         }
     }
 
@@ -55,6 +58,7 @@ impl World {
         obs.kubelets_gone = self.kubelets_gone.clone();
         obs.savepoint = self.savepoint.clone();
         obs.rejected = self.rejected.clone();
+        obs.upgrades = self.upgrades;
         // As the reconciler's observation takes it from status.
         obs.silent = self.job.status.as_ref().and_then(|s| s.run.as_ref()).map(|r| r.silent_pods.clone()).unwrap_or_default();
         let d = decide(&self.job, &obs, &self.settings);

@@ -144,6 +144,31 @@ fn a_failed_upgrade_savepoint_is_not_ready_with_the_reason_until_the_upgrade_run
 }
 
 #[test]
+fn a_spec_change_while_the_upgrade_limit_is_taken_keeps_the_old_spec_running_not_ready_until_a_slot_frees() {
+    let mut w = World::running(JobBuilder::new("j").build());
+    w.upgrades = crate::lifecycle::UpgradeSlots { taken: 2, limit: Some(2) };
+    let run = w.run_id();
+    apply(&mut w, |s| s.parallelism = 3);
+    for _ in 0..3 {
+        let d = w.step();
+        assert_eq!(w.phase(), Some(Phase::Running), "the old spec keeps running");
+        assert!(savepoint_requests(std::slice::from_ref(&d)).is_empty(), "no upgrade savepoint while queued");
+        let (status, reason, message, generation) = ready(&d);
+        assert_eq!((status.as_str(), reason.as_str(), generation), ("False", "UpgradeQueued", Some(2)));
+        assert!(message.contains("2 other jobs are upgrading") && message.contains("at most 2"), "{message}");
+        assert!(d.requeue <= std::time::Duration::from_secs(2), "a queued upgrade looks again soon");
+        assert!(!wait_returns(&w));
+    }
+    assert_eq!(w.run_id(), run);
+    // A slot frees: the upgrade goes ahead as any other.
+    w.upgrades.taken = 1;
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Upgrading));
+    assert_eq!(savepoint_requests(std::slice::from_ref(&d)).len(), 1);
+    assert!(crate::lifecycle::upgrade_in_flight(&d.status), "it now takes a slot itself");
+}
+
+#[test]
 fn a_manual_savepoint_keeps_the_job_ready() {
     let mut w = World::running(JobBuilder::new("j").build());
     let since = w.job.status.as_ref().unwrap().conditions.iter().find(|c| c.type_ == "Ready").unwrap().last_transition_time.clone();
