@@ -47,10 +47,12 @@ fn worker_kills_with_a_kafka_source_keep_exactly_once() {
 #[test]
 fn worker_kills_with_an_exactly_once_kafka_sink_keep_exactly_once() {
     let job = Job::counting(3, 40_000, 60, 15_000, "200ms").output_to_kafka("exactly-once");
-    run_with_worker_kills(&job);
+    let err = run_with_worker_kills(&job);
+    // On a failure below, the job's own account of its runs.
+    println!("{err}");
+    job.assert_no_open_transaction();
     job.assert_exactly_once();
     assert_sink_log_empty(&job);
-    job.assert_no_open_transaction();
 }
 
 #[test]

@@ -340,7 +340,9 @@ impl Broker {
     /// that does not stop the read, and `Job::assert_no_open_transaction`
     /// reports it).
     pub fn committed_records(&self, topic: &str) -> Vec<serde_json::Value> {
-        self.partitions_held_after(topic, Duration::from_secs(20));
+        // Commit markers are written after the commit returns, and a busy
+        // machine (CI, two tests at once) has kept them back for seconds.
+        self.partitions_held_after(topic, Duration::from_secs(60));
         self.read_all(topic, "read_committed")
             .into_iter()
             .map(|m| serde_json::from_str(&m.value).unwrap_or_else(|e| panic!("message {} of {topic} is not JSON: {e}", m.offset)))

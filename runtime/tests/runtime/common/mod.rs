@@ -355,9 +355,14 @@ impl Job {
         let markers = |isolation: &str| -> BTreeMap<i64, String> { broker.read_all(&progress, isolation).into_iter().map(|m| (m.offset, m.key.unwrap_or_default())).collect() };
         let committed_markers = markers("read_committed");
         let uncommitted: Vec<String> = markers("read_uncommitted").into_iter().filter(|(o, _)| !committed_markers.contains_key(o)).map(|(o, k)| format!("{k}@{o}")).collect();
+        // Held partitions hide everything after an open transaction's first
+        // record, committed or not.
+        let held = broker.partitions_held_by_open_transactions(topic);
+        let held_progress = broker.partitions_held_by_open_transactions(&progress);
         format!(
             "{missing} seqs missing from the committed output of {topic} ({}); read_uncommitted finds {} of them ({} messages in all): {}\n\
-             progress markers not committed: {uncommitted:?}",
+             progress markers not committed: {uncommitted:?}\n\
+             partitions an open transaction holds now: {held:?} of {topic}, {held_progress:?} of {progress}",
             self.missing(committed),
             found.len(),
             all.len(),
