@@ -115,37 +115,43 @@ fn remove(value: &mut Value, path: &[String]) {
 /// Rewrites the hashes in `status` that the earlier scheme computed for
 /// `spec` (and, for the last stable spec, for the spec it keeps) to this
 /// scheme's, so that the operator release that changed the scheme does not
-/// take every job for changed. Whether anything changed.
-pub fn migrate(status: &mut StreamJobStatus, spec: &StreamJobSpec, image: Option<&str>) -> bool {
-    let mut renamed: Vec<(String, String)> = vec![(legacy_spec_hash(spec, image), spec_hash(spec, image))];
-    if let Some(stable) = &status.last_stable_spec {
-        if let Ok(stable_spec) = serde_json::from_str::<StreamJobSpec>(&stable.spec) {
-            renamed.push((legacy_spec_hash(&stable_spec, image), spec_hash(&stable_spec, image)));
-        }
+/// take every job for changed. `current` is `spec_hash(spec, image)`, which
+/// the caller has; a status whose hashes are all `current` (every job once
+/// migrated and running its spec) costs no other hash. Whether anything
+/// changed.
+pub fn migrate(status: &mut StreamJobStatus, spec: &StreamJobSpec, image: Option<&str>, current: &str) -> bool {
+    let mut hashes: Vec<&mut String> = Vec::new();
+    hashes.extend(status.deployed_spec_hash.as_mut());
+    if let Some(run) = status.run.as_mut() {
+        hashes.push(&mut run.spec_hash);
     }
+    if let Some(trial) = status.upgrade_trial.as_mut() {
+        hashes.push(&mut trial.spec_hash);
+    }
+    if let Some(rb) = status.rollback.as_mut() {
+        hashes.push(&mut rb.spec_hash);
+        hashes.push(&mut rb.to_spec_hash);
+    }
+    let mut renamed: Vec<(String, String)> = Vec::new();
+    if let Some(stable) = status.last_stable_spec.as_mut() {
+        if stable.spec_hash != current {
+            if let Ok(stable_spec) = serde_json::from_str::<StreamJobSpec>(&stable.spec) {
+                renamed.push((legacy_spec_hash(&stable_spec, image), spec_hash(&stable_spec, image)));
+            }
+        }
+        hashes.push(&mut stable.spec_hash);
+    }
+    if hashes.iter().all(|h| h.as_str() == current) {
+        return false;
+    }
+    renamed.push((legacy_spec_hash(spec, image), current.to_string()));
     renamed.retain(|(old, new)| old != new);
     let mut changed = false;
-    let mut rename = |hash: &mut String| {
+    for hash in hashes {
         if let Some((_, new)) = renamed.iter().find(|(old, _)| old == hash) {
             *hash = new.clone();
             changed = true;
         }
-    };
-    if let Some(h) = status.deployed_spec_hash.as_mut() {
-        rename(h);
-    }
-    if let Some(run) = status.run.as_mut() {
-        rename(&mut run.spec_hash);
-    }
-    if let Some(stable) = status.last_stable_spec.as_mut() {
-        rename(&mut stable.spec_hash);
-    }
-    if let Some(trial) = status.upgrade_trial.as_mut() {
-        rename(&mut trial.spec_hash);
-    }
-    if let Some(rb) = status.rollback.as_mut() {
-        rename(&mut rb.spec_hash);
-        rename(&mut rb.to_spec_hash);
     }
     changed
 }
@@ -246,15 +252,15 @@ mod tests {
             last_stable_spec: Some(StableSpec { spec_hash: legacy.clone(), generation: Some(1), spec: serde_json::to_string(&job.spec).unwrap() }),
             ..Default::default()
         };
-        assert!(migrate(&mut status, &job.spec, Some("weir:1")));
+        assert!(migrate(&mut status, &job.spec, Some("weir:1"), &new));
         assert_eq!(status.deployed_spec_hash.as_deref(), Some(new.as_str()));
         assert_eq!(status.run.as_ref().unwrap().spec_hash, new);
         assert_eq!(status.last_stable_spec.as_ref().unwrap().spec_hash, new);
-        assert!(!migrate(&mut status, &job.spec, Some("weir:1")), "once");
+        assert!(!migrate(&mut status, &job.spec, Some("weir:1"), &new), "once");
         // A hash of another spec (a change the user made) stays, so the
         // change still upgrades the job.
         let mut other = StreamJobStatus { deployed_spec_hash: Some("0123456789abcdef".into()), ..Default::default() };
-        assert!(!migrate(&mut other, &job.spec, Some("weir:1")));
+        assert!(!migrate(&mut other, &job.spec, Some("weir:1"), &new));
         assert_eq!(other.deployed_spec_hash.as_deref(), Some("0123456789abcdef"));
     }
 

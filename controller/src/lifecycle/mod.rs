@@ -234,7 +234,7 @@ pub fn decide(job: &StreamJob, obs: &Observed, settings: &WorkerSettings) -> Dec
     let image = desired::worker_image(job, settings);
     let cx = Cx { job, obs, now: obs.now, spec_hash: spec_hash(&job.spec, image.as_deref()), validation };
     let mut st = job.status.clone().unwrap_or_default();
-    crate::spec_hash::migrate(&mut st, &job.spec, image.as_deref());
+    crate::spec_hash::migrate(&mut st, &job.spec, image.as_deref(), &cx.spec_hash);
     let before = st.phase;
     // A rollback holds its generation back only while that generation is
     // the current one: any change of the spec is tried again.
