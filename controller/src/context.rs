@@ -39,9 +39,11 @@ pub struct Context {
     /// How many jobs may upgrade at once (`--max-concurrent-upgrades`), with
     /// the operator's cache of its jobs to count them in.
     pub upgrade_limit: Option<(usize, Store<StreamJob>)>,
-    /// By StreamJob uid: whether this operator's latest decision for the job
-    /// left an upgrade in flight; newer than the cache until the job's
-    /// status write comes back through the watch.
+    /// By StreamJob uid: whether the job's upgrade is in flight by this
+    /// operator's latest decisions; newer than the cache until the job's
+    /// status write comes back through the watch. A slot is taken when an
+    /// upgrade is decided and freed only once the status that ends it is
+    /// written ([`Context::status_written`]).
     pub upgrades_decided: Mutex<HashMap<String, bool>>,
 }
 
@@ -67,22 +69,77 @@ impl Context {
     }
 
     /// Decides `job` with the other jobs' upgrades in flight counted, and
-    /// records whether the decision leaves its own in flight. Counting and
+    /// records it when the decision puts its own in flight. Counting and
     /// recording hold one lock, so that two jobs decided at once cannot
-    /// both take the last slot.
+    /// both take the last slot. A decision that ends an upgrade frees the
+    /// slot only once its status is written: freed before, another job's
+    /// upgrade could start while the API still shows this one's, and
+    /// anyone counting there would see one upgrade more than the limit.
     pub fn decide(&self, job: &StreamJob, observed: &mut crate::observe::Observed) -> crate::lifecycle::Decision {
         let Some((limit, jobs)) = &self.upgrade_limit else { return crate::lifecycle::decide(job, observed, &self.settings) };
         let uid = job.uid().unwrap_or_default();
         let mut decided = self.upgrades_decided.lock().unwrap_or_else(|e| e.into_inner());
         observed.upgrades = crate::lifecycle::upgrade_slots(&uid, &jobs.state(), &decided, *limit);
         let decision = crate::lifecycle::decide(job, observed, &self.settings);
-        decided.insert(uid, crate::lifecycle::upgrade_in_flight(&decision.status));
+        if crate::lifecycle::upgrade_in_flight(&decision.status) {
+            decided.insert(uid, true);
+        }
         decision
+    }
+
+    /// Records that the API holds `status` for `job`: whether its upgrade
+    /// is in flight is now what anyone reading the API sees.
+    pub fn status_written(&self, job: &StreamJob, status: &weir_api::streamjob::StreamJobStatus) {
+        if self.upgrade_limit.is_none() {
+            return;
+        }
+        let uid = job.uid().unwrap_or_default();
+        self.upgrades_decided.lock().unwrap_or_else(|e| e.into_inner()).insert(uid, crate::lifecycle::upgrade_in_flight(status));
     }
 
     /// Reconciles read the job's pods from `cache` when nothing is to be done.
     pub fn with_pod_cache(mut self, cache: Arc<PodCache>) -> Context {
         self.pods = Some(cache);
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::JobBuilder;
+    use crate::worker_api::HttpWorkerApi;
+
+    fn context_with_limit(limit: usize) -> Context {
+        let (service, _handle) = tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
+        let (jobs, _writer) = kube::runtime::reflector::store::<StreamJob>();
+        Context::new(Client::new(service, "jobs"), Arc::new(HttpWorkerApi::new().unwrap()), Arc::new(Metrics::new()), WorkerSettings::default(), None).with_upgrade_limit(limit, jobs)
+    }
+
+    fn slot_taken(ctx: &Context, job: &StreamJob) -> Option<bool> {
+        ctx.upgrades_decided.lock().unwrap().get(job.uid().as_deref().unwrap()).copied()
+    }
+
+    #[tokio::test]
+    async fn an_ended_upgrade_frees_its_slot_only_once_its_status_is_written() {
+        let ctx = context_with_limit(1);
+        let job = JobBuilder::new("j").build();
+        ctx.upgrades_decided.lock().unwrap().insert(job.uid().unwrap(), true);
+        // A decision that leaves no upgrade in flight (a first deployment).
+        let decision = ctx.decide(&job, &mut crate::observe::Observed::at(jiff::Timestamp::now()));
+        assert!(!crate::lifecycle::upgrade_in_flight(&decision.status));
+        assert_eq!(slot_taken(&ctx, &job), Some(true), "held while the API still shows the upgrade");
+        ctx.status_written(&job, &decision.status);
+        assert_eq!(slot_taken(&ctx, &job), Some(false));
+    }
+
+    #[tokio::test]
+    async fn without_a_limit_nothing_is_counted() {
+        let (service, _handle) = tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
+        let ctx = Context::new(Client::new(service, "jobs"), Arc::new(HttpWorkerApi::new().unwrap()), Arc::new(Metrics::new()), WorkerSettings::default(), None);
+        let job = JobBuilder::new("j").build();
+        let decision = ctx.decide(&job, &mut crate::observe::Observed::at(jiff::Timestamp::now()));
+        ctx.status_written(&job, &decision.status);
+        assert!(ctx.upgrades_decided.lock().unwrap().is_empty());
     }
 }

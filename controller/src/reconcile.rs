@@ -107,9 +107,14 @@ async fn reconcile_inner(job: &StreamJob, ctx: &Context) -> Result<Action> {
             decision = ctx.decide(job, &mut observed);
         }
     }
-    if decision.status != old {
+    if decision.status == old {
+        ctx.status_written(job, &decision.status);
+    } else {
         match write_status(&jobs, &name, job.resource_version(), &decision.status).await {
-            Ok(written) => wrote(job, &written, ctx),
+            Ok(written) => {
+                wrote(job, &written, ctx);
+                ctx.status_written(job, &decision.status);
+            }
             Err(Error::Kube { source: kube::Error::Api(e), .. }) if e.code == 409 => {
                 // Decided on an object that has changed since: nothing is
                 // carried out; the newer version (its watch event triggers a
