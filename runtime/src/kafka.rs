@@ -204,6 +204,12 @@ fn remember_refusal(why: String) {
     *lock(&REFUSAL) = Some((Instant::now(), why));
 }
 
+/// Whether the brokers refused a connection of this process lately: a lost
+/// connection is then no broker restarting.
+pub fn refused_recently() -> bool {
+    lock(&REFUSAL).as_ref().is_some_and(|(at, _)| at.elapsed() < 2 * REQUEST_TIMEOUT)
+}
+
 /// A failed connection that a retry would meet again: the brokers refused
 /// the password, or this client refused the brokers' certificate.
 fn is_refusal(message: &str) -> bool {
@@ -283,7 +289,7 @@ pub fn error(context: impl Into<String>, e: KafkaError) -> Error {
         code,
         Some(RDKafkaErrorCode::RequestTimedOut | RDKafkaErrorCode::OperationTimedOut | RDKafkaErrorCode::BrokerTransportFailure | RDKafkaErrorCode::AllBrokersDown)
     );
-    let recent = || lock(&REFUSAL).clone().filter(|(at, _)| at.elapsed() < 2 * REQUEST_TIMEOUT).map(|(_, r)| r);
+    let recent = || refused_recently().then(|| lock(&REFUSAL).clone().map(|(_, r)| r)).flatten();
     let mut refusal = recent();
     // Producers and admin clients serve their callbacks on threads of
     // their own, which may tell the refusal a moment after the request

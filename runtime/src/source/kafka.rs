@@ -38,6 +38,43 @@ use crate::kafka::{self, Deliveries, Scope, UserSettings, REQUEST_TIMEOUT};
 /// How long an idle source waits before asking the consumer again.
 const IDLE_WAIT: Duration = Duration::from_millis(5);
 
+/// How long the source rides out brokers it cannot reach before it fails
+/// the job (which then restores from its latest checkpoint). librdkafka
+/// reports a lost connection as an error and reconnects by itself: a
+/// broker restarted (a rolling upgrade) must not restart every job reading
+/// from it, while brokers gone for good must not leave a job that looks
+/// healthy and reads nothing.
+const OUTAGE_LIMIT: Duration = Duration::from_secs(60);
+
+/// Errors of a streak further apart than this are two outages: librdkafka
+/// retries a lost broker at most `reconnect.backoff.max.ms` (10 s) apart
+/// and reports every failed attempt.
+const OUTAGE_GAP: Duration = Duration::from_secs(15);
+
+/// A streak of connection errors without a message or a partition end
+/// between them.
+#[derive(Debug, Clone, Copy)]
+struct Outage {
+    since: std::time::Instant,
+    last: std::time::Instant,
+}
+
+impl Outage {
+    /// The streak `outage` continued by an error at `now`, or a new one.
+    fn continued(outage: Option<Outage>, now: std::time::Instant) -> Outage {
+        match outage {
+            Some(o) if now.duration_since(o.last) < OUTAGE_GAP => Outage { since: o.since, last: now },
+            _ => Outage { since: now, last: now },
+        }
+    }
+}
+
+/// Errors librdkafka recovers from by itself: a broker connection lost or
+/// refused (the broker restarts), or every broker's at once.
+fn reconnects_by_itself(e: &KafkaError) -> bool {
+    matches!(e.rdkafka_error_code(), Some(rdkafka::types::RDKafkaErrorCode::BrokerTransportFailure | rdkafka::types::RDKafkaErrorCode::AllBrokersDown))
+}
+
 /// librdkafka consumer settings whose defaults weir changes; the
 /// pipeline's `properties` still win. Once the local queue holds
 /// `queued.min.messages` of a partition (or `queued.max.messages.kbytes`
@@ -78,6 +115,8 @@ pub struct KafkaReader {
     /// the last batch returned.
     row_partitions: Vec<i32>,
     last_rows: Vec<i32>,
+    /// The brokers the consumer is reconnecting to, while it is.
+    outage: Option<Outage>,
 }
 
 fn split_id(topic: &str, partition: i32) -> String {
@@ -171,6 +210,7 @@ impl KafkaReader {
             consumed: 0,
             row_partitions: Vec::new(),
             last_rows: Vec::new(),
+            outage: None,
         })
     }
 
@@ -193,7 +233,25 @@ impl KafkaReader {
             consumed += 1;
             let msg = match next {
                 Ok(msg) => msg,
+                Err(e) if reconnects_by_itself(&e) => {
+                    let outage = Outage::continued(self.outage, std::time::Instant::now());
+                    self.outage = Some(outage);
+                    if outage.since.elapsed() < OUTAGE_LIMIT && !kafka::refused_recently() {
+                        // librdkafka's own warnings (rate-limited) tell of it.
+                        break;
+                    }
+                    // Fatal when the brokers refused the connection (TLS, SASL).
+                    return Err(match kafka::error(self.context(), e) {
+                        Error::Kafka { context, message, fatal: false } => Error::Kafka {
+                            context,
+                            message: format!("{message}: no broker reachable for {} s", outage.since.elapsed().as_secs()),
+                            fatal: false,
+                        },
+                        other => other,
+                    });
+                }
                 Err(KafkaError::PartitionEOF(p)) => {
+                    self.outage = None;
                     if self.stop_at_end && self.offsets.contains_key(&p) && self.ended.insert(p) {
                         // Messages that arrive later are not this run's to read.
                         let mut tpl = TopicPartitionList::new();
@@ -220,6 +278,7 @@ impl KafkaReader {
                 }
             };
             self.consumed += 1;
+            self.outage = None;
             let (p, offset) = (msg.partition(), msg.offset());
             if self.ended.contains(&p) || !self.offsets.contains_key(&p) {
                 continue;
@@ -354,6 +413,18 @@ fn user_settings(spec: &KafkaSourceSpec) -> UserSettings<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn connection_errors_close_together_are_one_outage_and_a_quiet_gap_starts_another() {
+        let t0 = std::time::Instant::now();
+        let first = Outage::continued(None, t0);
+        let later = Outage::continued(Some(first), t0 + Duration::from_secs(10));
+        let much_later = Outage::continued(Some(later), t0 + Duration::from_secs(26));
+        assert_eq!((later.since, later.last), (t0, t0 + Duration::from_secs(10)), "a reconnect attempt 10 s after the last continues it");
+        assert_eq!(much_later.since, t0 + Duration::from_secs(26), "16 s without an error ended it");
+        assert!(reconnects_by_itself(&KafkaError::MessageConsumption(rdkafka::types::RDKafkaErrorCode::AllBrokersDown)));
+        assert!(!reconnects_by_itself(&KafkaError::MessageConsumption(rdkafka::types::RDKafkaErrorCode::OffsetOutOfRange)));
+    }
 
     fn spec(properties: &[(&str, &str)]) -> KafkaSourceSpec {
         let yaml = format!(

@@ -194,7 +194,8 @@ fn a_crash_in_the_sink_before_it_commits_a_completed_checkpoint_keeps_exactly_on
 }
 
 /// The broker is down when the job starts, comes up, goes down mid-run
-/// and comes back: the job retries with backoff and the output is exactly once.
+/// and comes back: the job waits for it (or restarts, with backoff, where a
+/// request timed out) and the output is exactly once.
 #[test]
 fn a_broker_down_at_start_and_restarted_mid_run_costs_no_record() {
     let broker = kafka::PrivateBroker::start();
@@ -216,7 +217,6 @@ fn a_broker_down_at_start_and_restarted_mid_run_costs_no_record() {
     let out = wait_with_timeout(child, Duration::from_secs(240));
     let err = stderr(&out);
     assert!(out.status.success(), "weir run failed:\n{err}");
-    assert!(err.contains("restarting"), "no restart was reported:\n{err}");
     // The clients' complaints about the missing broker are rate-limited:
     // a line per kind every 10 s, not one per client per reconnect.
     let complaints = err.lines().filter(|l| l.contains("librdkafka")).count();
@@ -231,7 +231,8 @@ fn a_broker_down_at_start_and_restarted_mid_run_costs_no_record() {
 /// Outages of the only broker at random moments (while records are read,
 /// written, marked, committed or settled on restore), each of a random
 /// length, half of them a crash (SIGKILL) and half a clean stop: the job
-/// restarts through them and every record lands once.
+/// rides them out (the source waits for the broker; a commit waits up to
+/// its timeout) or restarts through them, and every record lands once.
 /// `WEIR_OUTAGE_SEED` repeats a run; the seed is printed first.
 #[test]
 fn broker_outages_at_random_moments_keep_kafka_to_kafka_exactly_once() {
@@ -259,8 +260,10 @@ fn broker_outages_at_random_moments_keep_kafka_to_kafka_exactly_once() {
         std::thread::sleep(down);
         broker.resume();
         outages.push((if crash { "crash" } else { "stop" }, up.as_millis(), down.as_millis()));
+        // Said as they happen: a run that hangs is killed before the end.
+        println!("seed {seed}: outage {}: {:?}", outages.len(), outages.last().unwrap());
     }
-    let out = wait_with_timeout(child, Duration::from_secs(300));
+    let out = wait_with_timeout_explained(child, Duration::from_secs(300), || job.kafka_transactions_now());
     let err = stderr(&out);
     println!("seed {seed}: outages (kind, up ms, down ms) {outages:?}\n{err}");
     assert!(out.status.success(), "seed {seed}: weir run failed:\n{err}");

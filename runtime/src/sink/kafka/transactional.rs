@@ -63,6 +63,10 @@ use crate::sink::{SinkRestore, SinkState};
 /// a transaction waiting for its checkpoint.
 const INITIAL_SLOTS: usize = 2;
 
+/// How often a restore held back by an open transaction in the progress
+/// topic says so.
+const HELD_REPORT_EVERY: Duration = Duration::from_secs(10);
+
 /// A transaction waiting for its checkpoint to complete, as a checkpoint keeps it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct KafkaLogEntry {
@@ -405,8 +409,25 @@ impl Transactional {
         // Other jobs' open transactions in the progress topic hold the
         // read back until they end (one checkpoint interval, at most their
         // transaction timeout).
-        let deadline = Instant::now() + self.spec.transaction_timeout.get() + REQUEST_TIMEOUT;
+        let started = Instant::now();
+        let deadline = started + self.spec.transaction_timeout.get() + REQUEST_TIMEOUT;
+        let (mut read_to, mut next_report) = (None, started + HELD_REPORT_EVERY);
         loop {
+            if Instant::now() > next_report {
+                // A wait of up to the transaction timeout (minutes) must not
+                // look like a hang: say what it waits for.
+                next_report += HELD_REPORT_EVERY;
+                tracing::warn!(
+                    subtask = self.subtask,
+                    progress_topic = %topic,
+                    probe_offset,
+                    read_to = read_to.map_or_else(|| "nothing yet".to_string(), |o: i64| o.to_string()),
+                    waited_s = started.elapsed().as_secs(),
+                    gives_up_after_s = (deadline - started).as_secs(),
+                    "kafka sink: a restore waits for the progress topic to become readable up to its probe; an open transaction holds partition 0 back \
+                     until its producer ends it or transaction_timeout aborts it"
+                );
+            }
             if Instant::now() > deadline {
                 return Err(Error::Kafka {
                     context,
@@ -423,6 +444,7 @@ impl Transactional {
                 None | Some(Err(KafkaError::PartitionEOF(_))) => continue,
                 Some(Err(e)) => return Err(kafka::error(&context, e)),
                 Some(Ok((offset, key))) => {
+                    read_to = Some(offset);
                     if let Some(key) = key.as_deref().and_then(|k| std::str::from_utf8(k).ok()) {
                         if wanted.contains(key) {
                             committed.insert(key.to_string());

@@ -98,7 +98,7 @@ impl PrivateBroker {
         let broker = PrivateBroker { addr: format!("127.0.0.1:{port}"), dir, port, controller: super::free_port(), sasl_ssl };
         broker.resume();
         let watchdog = format!(
-            "while kill -0 {pid} 2>/dev/null; do sleep 1; done; '{script}' stop --dir '{dir}'; rm -rf '{dir}'",
+            "while kill -0 {pid} 2>/dev/null; do sleep 1; done; '{script}' stop --dir '{dir}'; [ -n \"$WEIR_TEST_KEEP\" ] || rm -rf '{dir}'",
             pid = std::process::id(),
             script = Self::script().display(),
             dir = broker.dir.display()

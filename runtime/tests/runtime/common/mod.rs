@@ -49,7 +49,13 @@ impl Job {
     /// A job of any pipeline named `eo-test` whose sink writes to `out/eo`
     /// (what `worker_pids` and `committed_lines` expect).
     pub fn with_pipeline(yaml: &str, events: u64, keys: u64) -> Job {
-        let job = Job { dir: tempfile::tempdir().unwrap(), events, keys, state: "state".into(), env: Vec::new(), s3: None, s3_output: None, pg_output: None, kafka_output: None };
+        let mut dir = tempfile::tempdir().unwrap();
+        // For a post-mortem of a failed run: its state, output and logs stay.
+        if std::env::var_os("WEIR_TEST_KEEP").is_some() {
+            dir.disable_cleanup(true);
+            println!("WEIR_TEST_KEEP: the job's directory {} stays", dir.path().display());
+        }
+        let job = Job { dir, events, keys, state: "state".into(), env: Vec::new(), s3: None, s3_output: None, pg_output: None, kafka_output: None };
         job.write_pipeline(yaml);
         job
     }
@@ -335,6 +341,22 @@ impl Job {
         self.assert_exactly_once_of(&lines);
     }
 
+    /// What open transactions hold now in the Kafka output and its
+    /// progress topic, and which progress markers did not commit: what a
+    /// run that hangs waits for.
+    pub fn kafka_transactions_now(&self) -> String {
+        let (broker, topic) = self.kafka_output.as_ref().expect("the job writes to Kafka");
+        let progress = format!("{topic}-progress");
+        let markers = |isolation: &str| -> BTreeMap<i64, String> { broker.read_all(&progress, isolation).into_iter().map(|m| (m.offset, m.key.unwrap_or_default())).collect() };
+        let committed_markers = markers("read_committed");
+        let uncommitted: Vec<String> = markers("read_uncommitted").into_iter().filter(|(o, _)| !committed_markers.contains_key(o)).map(|(o, k)| format!("{k}@{o}")).collect();
+        format!(
+            "partitions an open transaction holds: {:?} of {topic}, {:?} of {progress}; progress markers not committed: {uncommitted:?}",
+            broker.partitions_held_by_open_transactions(topic),
+            broker.partitions_held_by_open_transactions(&progress)
+        )
+    }
+
     /// Where the records missing from the committed output of `topic` are
     /// when aborted transactions are read too: in a transaction that was
     /// aborted (or never ended), or nowhere (never produced, or lost).
@@ -349,24 +371,16 @@ impl Job {
         }
         let missing = (0..self.events as i64).filter(|s| !committed.contains(s)).count();
         let sample: Vec<String> = found.iter().take(12).map(|(seq, at)| format!("seq {seq}: {}", at.join(", "))).collect();
-        // The progress markers of transactions that did not commit: which
-        // checkpoints' transactions were lost, next to where their records are.
-        let progress = format!("{topic}-progress");
-        let markers = |isolation: &str| -> BTreeMap<i64, String> { broker.read_all(&progress, isolation).into_iter().map(|m| (m.offset, m.key.unwrap_or_default())).collect() };
-        let committed_markers = markers("read_committed");
-        let uncommitted: Vec<String> = markers("read_uncommitted").into_iter().filter(|(o, _)| !committed_markers.contains_key(o)).map(|(o, k)| format!("{k}@{o}")).collect();
         // Held partitions hide everything after an open transaction's first
-        // record, committed or not.
-        let held = broker.partitions_held_by_open_transactions(topic);
-        let held_progress = broker.partitions_held_by_open_transactions(&progress);
+        // record, committed or not; the progress markers of transactions
+        // that did not commit say which checkpoints' transactions were lost.
         format!(
-            "{missing} seqs missing from the committed output of {topic} ({}); read_uncommitted finds {} of them ({} messages in all): {}\n\
-             progress markers not committed: {uncommitted:?}\n\
-             partitions an open transaction holds now: {held:?} of {topic}, {held_progress:?} of {progress}",
+            "{missing} seqs missing from the committed output of {topic} ({}); read_uncommitted finds {} of them ({} messages in all): {}\n{}",
             self.missing(committed),
             found.len(),
             all.len(),
-            sample.join("; ")
+            sample.join("; "),
+            self.kafka_transactions_now()
         )
     }
 
@@ -558,16 +572,23 @@ fn output_of(mut child: Child) -> Output {
 }
 
 /// Waits for a child with a deadline; kills its group on timeout.
-pub fn wait_with_timeout(mut child: Child, limit: Duration) -> Output {
+pub fn wait_with_timeout(child: Child, limit: Duration) -> Output {
+    wait_with_timeout_explained(child, limit, String::new)
+}
+
+/// [`wait_with_timeout`], and on timeout `explain` says, before the run is
+/// killed, what the test bed holds that the run may have waited for.
+pub fn wait_with_timeout_explained(mut child: Child, limit: Duration, explain: impl FnOnce() -> String) -> Output {
     let start = Instant::now();
     loop {
         if let Some(_) = child.try_wait().unwrap() {
             return output_of(child);
         }
         if start.elapsed() > limit {
+            let why = explain();
             kill_group(child.id());
             let out = output_of(child);
-            panic!("weir run did not finish within {limit:?}; stderr:\n{}", String::from_utf8_lossy(&out.stderr));
+            panic!("weir run did not finish within {limit:?}; {why}\nstderr:\n{}", String::from_utf8_lossy(&out.stderr));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
