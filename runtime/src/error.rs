@@ -124,6 +124,12 @@ pub enum Error {
 
     #[error("{0}")]
     Job(String),
+
+    /// A subtask's peer is gone: a downstream subtask dropped its channel,
+    /// or an input closed before its end of stream. Mostly the echo of
+    /// another subtask's failure, whose own error is the one to report.
+    #[error("{0}")]
+    PeerGone(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -174,7 +180,8 @@ impl Error {
             | Error::Network { .. }
             | Error::Protocol { .. }
             | Error::Postgres { .. }
-            | Error::Job(_) => false,
+            | Error::Job(_)
+            | Error::PeerGone(_) => false,
         }
     }
 

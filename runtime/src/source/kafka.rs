@@ -52,7 +52,7 @@ const OUTAGE_LIMIT: Duration = Duration::from_secs(60);
 const OUTAGE_GAP: Duration = Duration::from_secs(15);
 
 /// A streak of connection errors without a message or a partition end
-/// between them.
+/// between them, begun when every broker was down.
 #[derive(Debug, Clone, Copy)]
 struct Outage {
     since: std::time::Instant,
@@ -60,11 +60,15 @@ struct Outage {
 }
 
 impl Outage {
-    /// The streak `outage` continued by an error at `now`, or a new one.
-    fn continued(outage: Option<Outage>, now: std::time::Instant) -> Outage {
+    /// The streak `outage` continued by an error at `now`, or a new one if
+    /// the error says every broker is down. One broker lost among others
+    /// begins none: its partitions' leadership moves to the others, and a
+    /// broker down for long (a slow rolling upgrade) must not fail the job.
+    fn continued(outage: Option<Outage>, now: std::time::Instant, all_down: bool) -> Option<Outage> {
         match outage {
-            Some(o) if now.duration_since(o.last) < OUTAGE_GAP => Outage { since: o.since, last: now },
-            _ => Outage { since: now, last: now },
+            Some(o) if now.duration_since(o.last) < OUTAGE_GAP => Some(Outage { since: o.since, last: now }),
+            _ if all_down => Some(Outage { since: now, last: now }),
+            _ => None,
         }
     }
 }
@@ -234,9 +238,10 @@ impl KafkaReader {
             let msg = match next {
                 Ok(msg) => msg,
                 Err(e) if reconnects_by_itself(&e) => {
-                    let outage = Outage::continued(self.outage, std::time::Instant::now());
-                    self.outage = Some(outage);
-                    if outage.since.elapsed() < OUTAGE_LIMIT && !kafka::refused_recently() {
+                    let all_down = e.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::AllBrokersDown);
+                    self.outage = Outage::continued(self.outage, std::time::Instant::now(), all_down);
+                    let since = self.outage.map(|o| o.since);
+                    if since.is_none_or(|t| t.elapsed() < OUTAGE_LIMIT) && !kafka::refused_recently() {
                         // librdkafka's own warnings (rate-limited) tell of it.
                         break;
                     }
@@ -244,7 +249,7 @@ impl KafkaReader {
                     return Err(match kafka::error(self.context(), e) {
                         Error::Kafka { context, message, fatal: false } => Error::Kafka {
                             context,
-                            message: format!("{message}: no broker reachable for {} s", outage.since.elapsed().as_secs()),
+                            message: format!("{message}: no broker reachable for {} s", since.map_or(0, |t| t.elapsed().as_secs())),
                             fatal: false,
                         },
                         other => other,
@@ -415,13 +420,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn connection_errors_close_together_are_one_outage_and_a_quiet_gap_starts_another() {
+    fn an_outage_begins_when_every_broker_is_down_and_ends_after_a_quiet_gap() {
         let t0 = std::time::Instant::now();
-        let first = Outage::continued(None, t0);
-        let later = Outage::continued(Some(first), t0 + Duration::from_secs(10));
-        let much_later = Outage::continued(Some(later), t0 + Duration::from_secs(26));
+        assert!(Outage::continued(None, t0, false).is_none(), "one broker lost among others is no outage");
+        let first = Outage::continued(None, t0, true).unwrap();
+        let later = Outage::continued(Some(first), t0 + Duration::from_secs(10), false).unwrap();
         assert_eq!((later.since, later.last), (t0, t0 + Duration::from_secs(10)), "a reconnect attempt 10 s after the last continues it");
-        assert_eq!(much_later.since, t0 + Duration::from_secs(26), "16 s without an error ended it");
+        let much_later = Outage::continued(Some(later), t0 + Duration::from_secs(26), false);
+        assert!(much_later.is_none(), "16 s without an error ended it: {much_later:?}");
+        let again = Outage::continued(Some(later), t0 + Duration::from_secs(26), true).unwrap();
+        assert_eq!(again.since, t0 + Duration::from_secs(26), "every broker down again begins a new one");
         assert!(reconnects_by_itself(&KafkaError::MessageConsumption(rdkafka::types::RDKafkaErrorCode::AllBrokersDown)));
         assert!(!reconnects_by_itself(&KafkaError::MessageConsumption(rdkafka::types::RDKafkaErrorCode::OffsetOutOfRange)));
     }

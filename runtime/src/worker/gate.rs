@@ -304,7 +304,7 @@ impl InputGate {
     }
 
     fn disconnected(&self, i: usize) -> Error {
-        Error::Job(format!(
+        Error::PeerGone(format!(
             "{}: input {i} disconnected before its end of stream",
             self.name
         ))

@@ -569,17 +569,21 @@ pub(crate) async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener> {
 /// other worker gave up, and that news can arrive before the subtask's own
 /// error is seen. A fatal error of one of this worker's subtasks within a
 /// moment is the cause and wins, so a deterministic failure is reported as
-/// one (exit 3) instead of being restarted.
+/// one (exit 3) instead of being restarted; else any error that is not an
+/// echo ([`Error::PeerGone`]) wins over one that is (a sink's lost broker
+/// over "downstream went away" of the stage feeding it).
 async fn prefer_fatal(tasks: &mut JoinSet<Result<()>>, e: Error) -> Error {
     let deadline = tokio::time::sleep(Duration::from_millis(300));
     tokio::pin!(deadline);
+    let mut cause = e;
     loop {
         tokio::select! {
-            _ = &mut deadline => return e,
+            _ = &mut deadline => return cause,
             joined = tasks.join_next() => match joined {
                 Some(Ok(Err(fatal))) if fatal.is_fatal() => return fatal,
+                Some(Ok(Err(other))) if matches!(cause, Error::PeerGone(_)) && !matches!(other, Error::PeerGone(_)) => cause = other,
                 Some(_) => {}
-                None => return e,
+                None => return cause,
             },
         }
     }
@@ -597,4 +601,29 @@ struct SinkOpening {
 /// The restored states subtask `j` takes over at parallelism `p`.
 fn states_of_subtask(states: &[(u32, SinkState)], j: u32, p: u32) -> Vec<SinkState> {
     states.iter().filter(|(old, _)| old % p == j).map(|(_, s)| s.clone()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_subtasks_own_error_wins_over_the_echo_of_it_that_came_first() {
+        let mut tasks = JoinSet::new();
+        tasks.spawn(async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            Err(Error::Kafka { context: "kafka sink topic out subtask 0".into(), message: "Flush error: OperationTimedOut".into(), fatal: false })
+        });
+        let echo = Error::PeerGone("stage 0 subtask 0: downstream 0 went away".into());
+        let reported = prefer_fatal(&mut tasks, echo).await;
+        assert!(matches!(reported, Error::Kafka { .. }), "reported: {reported}");
+    }
+
+    #[tokio::test]
+    async fn an_error_that_is_no_echo_is_kept_over_a_later_echo() {
+        let mut tasks = JoinSet::new();
+        tasks.spawn(async { Err(Error::PeerGone("stage 1 subtask 0: input 1 disconnected before its end of stream".into())) });
+        let reported = prefer_fatal(&mut tasks, Error::Job("lost the coordinator".into())).await;
+        assert_eq!(reported.to_string(), "lost the coordinator");
+    }
 }

@@ -553,7 +553,7 @@ impl Subtask {
         let Some(batch) = current else { return Ok(()) };
         match &mut self.output {
             Output::Edges(edges) => {
-                let gone = |target: usize| Error::Job(format!("stage {} subtask {}: downstream {target} went away", self.stage, self.index));
+                let gone = |target: usize| Error::PeerGone(format!("stage {} subtask {}: downstream {target} went away", self.stage, self.index));
                 for edge in edges.iter() {
                     match &edge.route {
                         Route::Forward => edge.senders[0].send(Message::Batch(batch.clone())).await.map_err(|_| gone(self.index as usize))?,
@@ -643,7 +643,7 @@ impl Subtask {
                 for s in self.output.senders() {
                     s.send(Message::Barrier(barrier.clone()))
                         .await
-                        .map_err(|_| Error::Job(format!("{name}: downstream went away")))?;
+                        .map_err(|_| Error::PeerGone(format!("{name}: downstream went away")))?;
                 }
             }
         }
@@ -683,7 +683,7 @@ impl Subtask {
     /// Sends a message to every downstream subtask (none after a sink).
     async fn forward(&mut self, message: impl Fn() -> Message) -> Result<()> {
         for s in self.output.senders() {
-            s.send(message()).await.map_err(|_| Error::Job(format!("stage {} subtask {}: downstream went away", self.stage, self.index)))?;
+            s.send(message()).await.map_err(|_| Error::PeerGone(format!("stage {} subtask {}: downstream went away", self.stage, self.index)))?;
         }
         Ok(())
     }
