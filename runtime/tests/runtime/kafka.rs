@@ -232,7 +232,8 @@ fn a_broker_down_at_start_and_frozen_mid_run_costs_no_record() {
 
 /// Freezes of the only broker at random moments (while records are read,
 /// written, marked, committed or settled on restore), each of a random
-/// length up to 8 s (SIGSTOP, then SIGCONT: a long GC pause, a network cut):
+/// length up to 8 s (SIGSTOP, then SIGCONT: a long GC pause, a network cut),
+/// shorter than the broker's session, so that its controller never fences it:
 /// the job rides them out (the source waits for the broker; a request
 /// waits up to its 30 s timeout) or restarts through them, and every record
 /// lands once.
@@ -243,7 +244,8 @@ fn a_broker_down_at_start_and_frozen_mid_run_costs_no_record() {
 /// transaction its coordinator had logged as CompleteCommit (an open
 /// transaction holding the progress topic for the whole transaction
 /// timeout), and killed, to cut markers it had written (records lost, or
-/// aborted records committed later by the same producer). That breaks
+/// aborted records committed later by the same producer); and a freeze
+/// past its session, after which its controller fenced it, the same. That breaks
 /// every Kafka transaction, not only weir's; Kafka keeps them by
 /// replication. `WEIR_OUTAGE_SEED` repeats a run; the seed is printed first.
 #[test]
