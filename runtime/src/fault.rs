@@ -1,6 +1,9 @@
 //! Crash points for failure tests: a worker started with
 //! `WEIR_FAULT=<point>@<checkpoint id>` aborts (a crash, like SIGKILL) when it
-//! reaches that point of that checkpoint. `WEIR_FAULT_ONCE=<file>` makes the
+//! reaches that point of that checkpoint (`<point>@<id>+`: of that
+//! checkpoint or a later one, for points a checkpoint may pass by, such as
+//! the Kafka sink's `after-marker`, reached only by a subtask that wrote
+//! records in the interval). `WEIR_FAULT_ONCE=<file>` makes the
 //! fault fire once per file, so the restored run goes on. Random kills hit
 //! the narrow windows (during alignment, between completion and commit)
 //! rarely; these points hit them every time.
@@ -45,19 +48,25 @@
 
 use std::sync::OnceLock;
 
-fn configured() -> &'static Option<(String, u64)> {
-    static FAULT: OnceLock<Option<(String, u64)>> = OnceLock::new();
+/// The configured fault: its point, its checkpoint id, and whether a later
+/// checkpoint's point fires too (`<id>+`).
+fn configured() -> &'static Option<(String, u64, bool)> {
+    static FAULT: OnceLock<Option<(String, u64, bool)>> = OnceLock::new();
     FAULT.get_or_init(|| {
         let spec = std::env::var("WEIR_FAULT").ok()?;
         let (point, id) = spec.split_once('@')?;
-        Some((point.to_string(), id.parse().ok()?))
+        let (id, or_later) = match id.strip_suffix('+') {
+            Some(id) => (id, true),
+            None => (id, false),
+        };
+        Some((point.to_string(), id.parse().ok()?, or_later))
     })
 }
 
 /// Aborts the process if the configured fault is `point` at `checkpoint_id`.
 pub fn crash_point(point: &str, checkpoint_id: u64) {
-    let Some((p, id)) = configured() else { return };
-    if p != point || *id != checkpoint_id {
+    let Some((p, id, or_later)) = configured() else { return };
+    if p != point || !(*id == checkpoint_id || (*or_later && checkpoint_id > *id)) {
         return;
     }
     if let Ok(marker) = std::env::var("WEIR_FAULT_ONCE") {

@@ -162,9 +162,13 @@ fn a_restore_of_a_worker_hosting_several_sink_subtasks_takes_seconds_not_the_tra
 
 /// Kafka to Kafka with one crash at `point` of checkpoint 3.
 fn kafka_to_kafka_crash_at(point: &str) {
-    let job = Job::counting(2, 30_000, 40, 0, "200ms").input_from_kafka(3, 4_000).output_to_kafka("exactly-once");
+    let job = Job::counting(2, 30_000, 40, 0, "200ms").input_from_kafka(3, 2_500).output_to_kafka("exactly-once");
     let marker = job.path("fault-fired");
-    let out = job.command(&[]).env("WEIR_FAULT", format!("{point}@3")).env("WEIR_FAULT_ONCE", &marker).output().unwrap();
+    // Checkpoint 3 or the first after it that reaches the point: on a
+    // loaded broker checkpoints slow down, and a final checkpoint with no
+    // records in its interval passes `after-marker` by (seen in CI: 3
+    // checkpoints in 15 s, the fault never fired).
+    let out = job.command(&[]).env("WEIR_FAULT", format!("{point}@3+")).env("WEIR_FAULT_ONCE", &marker).output().unwrap();
     assert!(out.status.success(), "crash at {point}: {}", stderr(&out));
     assert!(marker.exists(), "the fault at {point} never fired:\n{}", stderr(&out));
     assert!(stderr(&out).contains("restarting"), "crash at {point}: no restart was reported:\n{}", stderr(&out));
