@@ -11,7 +11,7 @@ use weir_api::streamjob::StreamJob;
 
 use crate::desired::WorkerSettings;
 use crate::metrics::Metrics;
-use crate::observe::Rejection;
+use crate::observe::{DisposalOutcome, Rejection};
 use crate::pod_cache::PodCache;
 use crate::worker_api::WorkerApi;
 
@@ -45,6 +45,11 @@ pub struct Context {
     /// upgrade is decided and freed only once the status that ends it is
     /// written ([`Context::status_written`]).
     pub upgrades_decided: Mutex<HashMap<String, bool>>,
+    /// By StreamJob uid: savepoint disposals carried out (location, outcome)
+    /// until a written status no longer lists the savepoint. In memory only:
+    /// an operator restarted in between asks again, and the coordinator
+    /// answers a savepoint already gone as done.
+    pub disposals: Mutex<HashMap<String, Vec<(String, DisposalOutcome)>>>,
 }
 
 /// A StreamJob version this operator replaced by its own write.
@@ -59,7 +64,7 @@ pub struct Superseded {
 impl Context {
     pub fn new(client: Client, workers: Arc<dyn WorkerApi>, metrics: Arc<Metrics>, settings: WorkerSettings, instance: Option<String>) -> Context {
         let reporter = Reporter { controller: crate::FIELD_MANAGER.into(), instance };
-        Context { recorder: Recorder::new(client.clone(), reporter), client, workers, metrics, settings, tokens: Mutex::new(HashMap::new()), superseded: Mutex::new(HashMap::new()), pods: None, rejections: Mutex::new(HashMap::new()), upgrade_limit: None, upgrades_decided: Mutex::new(HashMap::new()) }
+        Context { recorder: Recorder::new(client.clone(), reporter), client, workers, metrics, settings, tokens: Mutex::new(HashMap::new()), superseded: Mutex::new(HashMap::new()), pods: None, rejections: Mutex::new(HashMap::new()), upgrade_limit: None, upgrades_decided: Mutex::new(HashMap::new()), disposals: Mutex::new(HashMap::new()) }
     }
 
     /// At most `limit` jobs of `jobs` upgrade at once.
@@ -90,11 +95,30 @@ impl Context {
     /// Records that the API holds `status` for `job`: whether its upgrade
     /// is in flight is now what anyone reading the API sees.
     pub fn status_written(&self, job: &StreamJob, status: &weir_api::streamjob::StreamJobStatus) {
+        let uid = job.uid().unwrap_or_default();
+        // A disposal is forgotten once the status no longer lists its savepoint.
+        if let Some(done) = self.disposals.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&uid) {
+            done.retain(|(path, _)| status.savepoint_history.iter().any(|s| &s.path == path));
+        }
         if self.upgrade_limit.is_none() {
             return;
         }
-        let uid = job.uid().unwrap_or_default();
         self.upgrades_decided.lock().unwrap_or_else(|e| e.into_inner()).insert(uid, crate::lifecycle::upgrade_in_flight(status));
+    }
+
+    /// Records the outcome of a savepoint disposal for the job's next decision.
+    pub fn disposal_done(&self, job: &StreamJob, location: &str, outcome: DisposalOutcome) {
+        let uid = job.uid().unwrap_or_default();
+        let mut m = self.disposals.lock().unwrap_or_else(|e| e.into_inner());
+        let done = m.entry(uid).or_default();
+        done.retain(|(path, _)| path != location);
+        done.push((location.to_string(), outcome));
+    }
+
+    /// The disposals whose outcome the job's status does not show yet.
+    pub fn disposals_of(&self, job: &StreamJob) -> Vec<(String, DisposalOutcome)> {
+        let uid = job.uid().unwrap_or_default();
+        self.disposals.lock().unwrap_or_else(|e| e.into_inner()).get(&uid).cloned().unwrap_or_default()
     }
 
     /// Reconciles read the job's pods from `cache` when nothing is to be done.

@@ -240,11 +240,23 @@ pub struct Observed {
     pub kubelets_gone: Vec<IpAddr>,
     /// The other jobs' upgrades in flight, and how many may be.
     pub upgrades: crate::lifecycle::UpgradeSlots,
+    /// Savepoint disposals this operator carried out (by location) whose
+    /// outcome the status does not show yet.
+    pub disposals: Vec<(String, DisposalOutcome)>,
+}
+
+/// How a savepoint disposal ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DisposalOutcome {
+    /// Its directory and what it alone held are gone.
+    Disposed,
+    /// The coordinator refused it for good (no savepoint of this job).
+    Refused(String),
 }
 
 impl Observed {
     pub fn at(now: Timestamp) -> Observed {
-        Observed { now, pods: Vec::new(), coordinator: None, coordinator_error: None, savepoint: None, rejected: None, silent: Vec::new(), kubelets_gone: Vec::new(), upgrades: Default::default() }
+        Observed { now, pods: Vec::new(), coordinator: None, coordinator_error: None, savepoint: None, rejected: None, silent: Vec::new(), kubelets_gone: Vec::new(), upgrades: Default::default(), disposals: Vec::new() }
     }
 
     /// Pods that do not belong to `run` (an earlier run, or stray), except

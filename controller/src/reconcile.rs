@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::lifecycle::{Decision, Effect};
 use crate::names;
 use crate::lifecycle::REFUSED_POD;
-use crate::observe::{Observed, PodState, PodView, Rejection, RunHealth};
+use crate::observe::{DisposalOutcome, Observed, PodState, PodView, Rejection, RunHealth};
 use crate::FIELD_MANAGER;
 
 /// How soon a reconcile skipped for a stale object looks again, should the
@@ -162,6 +162,7 @@ fn cached_pods(ctx: &Context, ns: &str, job: &str) -> Option<Vec<PodView>> {
 async fn observe(job: &StreamJob, ctx: &Context, ns: &str, pods: Vec<PodView>) -> Result<Observed> {
     let mut observed = Observed::at(jiff::Timestamp::now());
     observed.pods = pods;
+    observed.disposals = ctx.disposals_of(job);
     let status = job.status.clone().unwrap_or_default();
     let Some(run) = &status.run else { return Ok(observed) };
     observed.silent = run.silent_pods.clone();
@@ -364,6 +365,22 @@ async fn act(job: &StreamJob, ctx: &Context, ns: &str, decision: &Decision, pods
                     // Not fatal: a job left stopped is restarted once its
                     // checkpoints stall (CheckpointsStalled).
                     Err(e) => warn!(request = %request_id, error = %e, "savepoint request not cancelled"),
+                }
+            }
+            Effect::DisposeSavepoint { api, location } => {
+                let token = token(job, ctx, ns).await?;
+                match ctx.workers.dispose_savepoint(*api, &token, location).await {
+                    Ok(d) => {
+                        info!(savepoint = %location, existed = d.existed, "savepoint disposed of");
+                        ctx.disposal_done(job, location, DisposalOutcome::Disposed);
+                    }
+                    // Not this job's savepoint (its storage changed): it can never be.
+                    Err(Error::Worker { message, .. }) if message.starts_with("HTTP 400") => {
+                        warn!(savepoint = %location, error = %message, "savepoint not disposed of");
+                        ctx.disposal_done(job, location, DisposalOutcome::Refused(message));
+                    }
+                    // The latest snapshot, a run without a checkpoint yet, storage trouble: asked again later.
+                    Err(e) => warn!(savepoint = %location, error = %e, "savepoint not disposed of yet"),
                 }
             }
             Effect::RemoveFinalizer => {

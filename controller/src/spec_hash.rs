@@ -24,6 +24,7 @@ const LIFECYCLE_FIELDS: &[&str] = &[
     "savepointTimeout",
     "deployTimeout",
     "upgrade",
+    "savepoints",
 ];
 
 /// A stable hash (hex, 16 characters) of the pod-shaping part of the spec.
@@ -188,6 +189,8 @@ mod tests {
         b.spec.restart_trigger = Some("y".into());
         b.spec.state = weir_api::streamjob::JobState::Suspended;
         b.spec.upgrade_mode = weir_api::streamjob::UpgradeMode::Stateless;
+        b.spec.savepoints.max_count = 3;
+        b.spec.savepoints.interval = Some(weir_api::pipeline::HumanDuration::from_millis(60_000));
         assert_eq!(spec_hash(&a.spec, None), spec_hash(&b.spec, None));
     }
 

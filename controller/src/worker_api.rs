@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use weir_api::control::{ErrorBody, JobStatus, Membership, SavepointOutcome, SavepointRequest};
+use weir_api::control::{ErrorBody, JobStatus, Membership, SavepointDisposal, SavepointDisposed, SavepointOutcome, SavepointRequest};
 
 use crate::error::{Error, Result};
 
@@ -22,6 +22,8 @@ pub trait WorkerApi: Send + Sync + 'static {
     fn savepoint_outcome<'a>(&'a self, api: SocketAddr, token: &'a str, request_id: &'a str) -> BoxFuture<'a, Result<Option<SavepointOutcome>>>;
     /// Cancels a savepoint request; `None` when this run does not know the id.
     fn cancel_savepoint<'a>(&'a self, api: SocketAddr, token: &'a str, request_id: &'a str) -> BoxFuture<'a, Result<Option<SavepointOutcome>>>;
+    /// Asks worker 0 to dispose of a savepoint; answers once it is done.
+    fn dispose_savepoint<'a>(&'a self, api: SocketAddr, token: &'a str, location: &'a str) -> BoxFuture<'a, Result<SavepointDisposed>>;
 }
 
 /// HTTP client with short timeouts: a reconcile must not hang on a worker.
@@ -95,6 +97,18 @@ impl WorkerApi for HttpWorkerApi {
             match self.send::<SavepointOutcome>(api, req).await? {
                 (_, Some(o)) => Ok(o),
                 (code, None) => Err(Error::Worker { addr: api.to_string(), message: format!("HTTP {code} without an outcome") }),
+            }
+        })
+    }
+
+    fn dispose_savepoint<'a>(&'a self, api: SocketAddr, token: &'a str, location: &'a str) -> BoxFuture<'a, Result<SavepointDisposed>> {
+        Box::pin(async move {
+            // A whole directory is deleted (one request per object on S3): more than the usual 3 s.
+            let body = SavepointDisposal { location: location.to_string() };
+            let req = self.http.post(url(api, "/v1/savepoint-disposals")).bearer_auth(token).timeout(Duration::from_secs(60)).json(&body);
+            match self.send::<SavepointDisposed>(api, req).await? {
+                (_, Some(d)) => Ok(d),
+                (code, None) => Err(Error::Worker { addr: api.to_string(), message: format!("HTTP {code} without an answer") }),
             }
         })
     }

@@ -37,6 +37,9 @@ impl WorkerApi for NoWorkers {
     fn cancel_savepoint<'a>(&'a self, a: SocketAddr, _: &'a str, _: &'a str) -> BoxFuture<'a, weir_controller::Result<Option<SavepointOutcome>>> {
         Box::pin(async move { Err(weir_controller::Error::Worker { addr: a.to_string(), message: "unreachable".into() }) })
     }
+    fn dispose_savepoint<'a>(&'a self, a: SocketAddr, _: &'a str, _: &'a str) -> BoxFuture<'a, weir_controller::Result<weir_api::control::SavepointDisposed>> {
+        Box::pin(async move { Err(weir_controller::Error::Worker { addr: a.to_string(), message: "unreachable".into() }) })
+    }
 }
 
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;

@@ -19,6 +19,12 @@
 //!   can ask again safely. 503 while the job is not running yet.
 //! - `GET  /v1/savepoints/{request_id}` → [`SavepointOutcome`], 404 when unknown
 //!   to this run.
+//! - `DELETE /v1/savepoints/{request_id}` cancels that request (see the runtime).
+//! - `POST /v1/savepoint-disposals` with a [`SavepointDisposal`] → 200 with a
+//!   [`SavepointDisposed`] once the savepoint's directory and what it alone held
+//!   outside storage are gone (again: 200, `existed: false`); 400 when the
+//!   location is no savepoint of this job, 409 when it is the job's latest
+//!   snapshot (a failure restores from it), 503 while the job is not running.
 //!
 //! Field names are snake_case (these are not Kubernetes objects).
 
@@ -129,6 +135,21 @@ pub struct JobStatus {
     pub last_checkpoint_failure: Option<String>,
     /// The checkpoint or savepoint this run started from; `None` for a fresh start.
     pub restored_from: Option<String>,
+}
+
+/// Asks the coordinator to dispose of one of its job's savepoints.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavepointDisposal {
+    /// The savepoint's location, as the savepoint's outcome gave it.
+    pub location: String,
+}
+
+/// A disposal that is done.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavepointDisposed {
+    pub location: String,
+    /// False when nothing was left to delete (disposed of before).
+    pub existed: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

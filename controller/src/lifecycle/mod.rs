@@ -28,6 +28,7 @@ mod rolling_back;
 mod run;
 mod running;
 mod savepoint;
+mod savepoint_retention;
 mod savepointing;
 mod status;
 mod suspended;
@@ -113,6 +114,9 @@ pub enum Effect {
     /// stopping one must not leave the job stopped (the runtime resumes
     /// checkpointing, even if it completed meanwhile).
     CancelSavepoint { api: SocketAddr, request_id: String },
+    /// Ask the coordinator to dispose of a savepoint `spec.savepoints` no
+    /// longer keeps (idempotent: a savepoint already gone is reported done).
+    DisposeSavepoint { api: SocketAddr, location: String },
     /// Let the API server delete the StreamJob.
     RemoveFinalizer,
 }
@@ -163,6 +167,11 @@ impl Step {
 
     pub fn event(mut self, reason: &str, message: impl Into<String>) -> Step {
         self.notes.push(Note { warning: false, reason: reason.into(), message: message.into() });
+        self
+    }
+
+    pub fn notes(mut self, notes: impl IntoIterator<Item = Note>) -> Step {
+        self.notes.extend(notes);
         self
     }
 

@@ -8,7 +8,7 @@ use weir_api::streamjob::{JobState, SavepointReason, StreamJobStatus, UpgradeMod
 
 use super::rollback::{self, after_failure};
 use super::run::{new_run, record_progress, LATEST};
-use super::{human, savepoint, Cx, Finished, Recovering, Savepointing, State, Step, Suspending, Upgrading};
+use super::{human, savepoint, savepoint_retention, Cx, Finished, Recovering, Savepointing, State, Step, Suspending, Upgrading};
 use weir_api::streamjob::RunStatus;
 use crate::observe::RunHealth;
 
@@ -78,8 +78,9 @@ impl State for Running {
             RunHealth::Starting { .. } | RunHealth::NotCreated => {}
         }
         record_progress(cx, st);
+        let disposed = savepoint_retention::forget_disposed(cx, st);
         let healthy = rollback::record_healthy(cx, st);
-        let step = after_progress(cx, st, &run);
+        let step = after_progress(cx, st, &run).notes(disposed);
         match healthy {
             Some(m) => step.event("UpgradeHealthy", m),
             None => step,
@@ -172,7 +173,20 @@ fn after_progress(cx: &Cx, st: &mut StreamJobStatus, run: &RunStatus) -> Step {
             .message("taking a savepoint (spec.savepointTrigger)")
             .requeue(Duration::from_millis(500));
     }
-    let mut step = Step::stay::<Running>().requeue(PROGRESS_INTERVAL);
+    if takes_checkpoints && savepoint_retention::periodic_due(cx, st, run) {
+        let effects = savepoint::begin(cx, st, SavepointReason::Periodic);
+        let every = spec.savepoints.interval.map(|i| human(i.get())).unwrap_or_default();
+        return Step::to::<Running, Savepointing>()
+            .effects(effects)
+            .event("SavepointRequested", format!("taking the periodic savepoint (spec.savepoints.interval {every})"))
+            .message("taking the periodic savepoint (spec.savepoints.interval)")
+            .requeue(Duration::from_millis(500));
+    }
+    let disposals = match cx.obs.health(run) {
+        RunHealth::Running { ips } => ips.first().map(|ip| savepoint_retention::disposals(cx, st, std::net::SocketAddr::new(*ip, weir_api::control::CONTROL_PORT))).unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    let mut step = Step::stay::<Running>().requeue(PROGRESS_INTERVAL).effects(disposals);
     if spec.initial_savepoint.is_some() && spec.initial_savepoint != st.initial_savepoint {
         step = step.message("running; spec.initialSavepoint changed but applies only to a job's first deployment: to start from it, create a new StreamJob");
     } else if let Some(c) = &st.last_checkpoint {

@@ -28,7 +28,7 @@ pub(super) fn begin(cx: &Cx, st: &mut StreamJobStatus, reason: SavepointReason) 
 fn stops_the_job(reason: SavepointReason) -> bool {
     // An upgrade, suspension or deletion restores from this savepoint (or keeps
     // it as the last word): no checkpoint may commit output after it.
-    !matches!(reason, SavepointReason::Trigger)
+    !matches!(reason, SavepointReason::Trigger | SavepointReason::Periodic)
 }
 
 fn request(cx: &Cx, st: &StreamJobStatus, request_id: String, reason: SavepointReason) -> Vec<Effect> {
@@ -91,8 +91,13 @@ pub(super) fn give_up(cx: &Cx, st: &mut StreamJobStatus) -> Vec<Effect> {
 pub(super) fn record(cx: &Cx, st: &mut StreamJobStatus, sp: &CheckpointStatus) -> String {
     let reason = st.pending_savepoint.take().map(|p| p.reason).unwrap_or(SavepointReason::Trigger);
     let time = jiff::Timestamp::from_millisecond(sp.completed_unix_ms as i64).unwrap_or(cx.now);
-    st.record_savepoint(SavepointRef { id: sp.id as i64, path: sp.location.clone(), time: Time(time), reason });
-    format!("{} savepoint {} complete: {}", reason_word(reason), sp.id, sp.location)
+    let forgotten = st.record_savepoint(SavepointRef { id: sp.id as i64, path: sp.location.clone(), time: Time(time), reason });
+    let mut m = format!("{} savepoint {} complete: {}", reason_word(reason), sp.id, sp.location);
+    if !forgotten.is_empty() {
+        let paths: Vec<&str> = forgotten.iter().map(|s| s.path.as_str()).collect();
+        m.push_str(&format!("; no longer listed (more than {} not disposed of), left in storage: {}", weir_api::streamjob::SAVEPOINT_HISTORY_LIMIT, paths.join(", ")));
+    }
+    m
 }
 
 pub(super) fn reason_word(r: SavepointReason) -> &'static str {
@@ -101,5 +106,6 @@ pub(super) fn reason_word(r: SavepointReason) -> &'static str {
         SavepointReason::Upgrade => "upgrade",
         SavepointReason::Suspend => "suspend",
         SavepointReason::Delete => "final",
+        SavepointReason::Periodic => "periodic",
     }
 }

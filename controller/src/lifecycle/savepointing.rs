@@ -28,18 +28,31 @@ impl State for Savepointing {
         match savepoint::wait(cx, st) {
             Wait::Pending { effects, message } => Step::stay::<Savepointing>().effects(effects).message(message).requeue(Duration::from_millis(500)),
             Wait::Completed(sp) => {
+                observe_trigger(cx, st);
                 let m = savepoint::record(cx, st, &sp);
-                st.observed_savepoint_trigger = cx.job.spec.savepoint_trigger.clone();
                 Step::to::<Savepointing, Running>().event("SavepointCompleted", m.clone()).message(m).requeue(Duration::from_secs(2))
             }
             Wait::Failed(why) => {
                 // One trigger value asks for one attempt; a new value asks again.
+                let again = match st.pending_savepoint.as_ref().map(|p| p.reason) {
+                    Some(weir_api::streamjob::SavepointReason::Periodic) => "the next periodic savepoint is taken an interval from now",
+                    _ => "change spec.savepointTrigger to try again",
+                };
+                observe_trigger(cx, st);
                 let cancel = savepoint::give_up(cx, st);
-                st.observed_savepoint_trigger = cx.job.spec.savepoint_trigger.clone();
-                let m = format!("savepoint failed: {why}; the job keeps running; change spec.savepointTrigger to try again");
+                let m = format!("savepoint failed: {why}; the job keeps running; {again}");
                 st.last_failure = Some(Failure { time: Time(cx.now), reason: "SavepointFailed".into(), message: m.clone() });
                 Step::to::<Savepointing, Running>().effects(cancel).warning("SavepointFailed", m.clone()).message(m).requeue(Duration::from_secs(2))
             }
         }
+    }
+}
+
+/// A savepoint asked for by spec.savepointTrigger answers the trigger's
+/// current value; a periodic one answers none, so that a trigger changed
+/// while it was taken is still acted on.
+fn observe_trigger(cx: &Cx, st: &mut StreamJobStatus) {
+    if st.pending_savepoint.as_ref().is_none_or(|p| p.reason != weir_api::streamjob::SavepointReason::Periodic) {
+        st.observed_savepoint_trigger = cx.job.spec.savepoint_trigger.clone();
     }
 }

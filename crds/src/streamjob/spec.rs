@@ -307,6 +307,52 @@ pub struct StreamJobSpec {
     /// new spec does not become healthy: `rollback`.
     #[serde(default)]
     pub upgrade: UpgradeSettings,
+
+    /// Periodic savepoints, and how long the operator keeps the savepoints
+    /// it took (periodic, requested, upgrade and suspend ones) before it
+    /// disposes of them. Never forever: by default the newest 10 are kept.
+    #[serde(default)]
+    pub savepoints: SavepointSettings,
+}
+
+/// The most savepoints `spec.savepoints.maxCount` may keep.
+pub const MAX_SAVEPOINT_COUNT: i32 = 100;
+
+/// `spec.savepoints`, as the Flink operator's
+/// `kubernetes.operator.periodic.savepoint.interval` and
+/// `kubernetes.operator.savepoint.history.max.count` / `max.age`. Disposing
+/// of a savepoint deletes its directory in checkpoint storage and what it
+/// alone still held outside storage (prepared PostgreSQL transactions, log
+/// entries of the write-ahead-log and Kafka sinks). The newest savepoint
+/// and the one the current run restores from are never disposed of. A
+/// savepoint is disposed of by the job's running coordinator, so a job
+/// that is suspended or finished keeps its savepoints until it runs again
+/// (or is deleted: then they are the user's).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SavepointSettings {
+    /// Take a savepoint this long after the latest one (or after the run
+    /// started), without stopping the job. Unset: no periodic savepoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<HumanDuration>,
+    /// Keep at most this many savepoints; older ones are disposed of.
+    #[serde(default = "default_max_savepoints")]
+    #[schemars(range(min = 1, max = MAX_SAVEPOINT_COUNT))]
+    pub max_count: i32,
+    /// Dispose of savepoints older than this (the newest is always kept).
+    /// Unset: only maxCount bounds them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_age: Option<HumanDuration>,
+}
+
+impl Default for SavepointSettings {
+    fn default() -> Self {
+        SavepointSettings { interval: None, max_count: default_max_savepoints(), max_age: None }
+    }
+}
+
+fn default_max_savepoints() -> i32 {
+    10
 }
 
 /// Settings of upgrades beyond `upgradeMode`.

@@ -10,9 +10,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::pipeline::Guarantee;
 
-/// How many savepoints `savepointHistory` keeps; older entries are dropped from
+/// How many savepoints `savepointHistory` lists at most: `spec.savepoints.maxCount`
+/// at its largest plus a margin for savepoints not disposed of yet. Older entries are dropped from
 /// status (not from storage) so that the object stays small.
-pub const SAVEPOINT_HISTORY_LIMIT: usize = 10;
+pub const SAVEPOINT_HISTORY_LIMIT: usize = crate::streamjob::spec::MAX_SAVEPOINT_COUNT as usize + 20;
 
 /// Condition types the controller sets. Each condition's
 /// `observedGeneration` is the `metadata.generation` it judges.
@@ -121,7 +122,8 @@ pub struct StreamJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_savepoint: Option<SavepointRef>,
 
-    /// Completed savepoints, newest last, at most SAVEPOINT_HISTORY_LIMIT.
+    /// The savepoints the operator took and has not disposed of, newest last
+    /// (see spec.savepoints).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = SAVEPOINT_HISTORY_LIMIT))]
     pub savepoint_history: Vec<SavepointRef>,
@@ -235,6 +237,8 @@ pub enum SavepointReason {
     Upgrade,
     Suspend,
     Delete,
+    /// spec.savepoints.interval passed.
+    Periodic,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -416,14 +420,15 @@ pub struct Failure {
 
 impl StreamJobStatus {
     /// Records a completed savepoint as the latest and appends it to the history,
-    /// dropping the oldest entries beyond SAVEPOINT_HISTORY_LIMIT.
-    pub fn record_savepoint(&mut self, savepoint: SavepointRef) {
+    /// dropping the oldest entries beyond SAVEPOINT_HISTORY_LIMIT; returns those,
+    /// which nobody will dispose of any more (they stay in storage).
+    pub fn record_savepoint(&mut self, savepoint: SavepointRef) -> Vec<SavepointRef> {
         self.savepoint_history.push(savepoint.clone());
         let excess = self
             .savepoint_history
             .len()
             .saturating_sub(SAVEPOINT_HISTORY_LIMIT);
-        self.savepoint_history.drain(..excess);
         self.last_savepoint = Some(savepoint);
+        self.savepoint_history.drain(..excess).collect()
     }
 }

@@ -223,6 +223,24 @@ impl StreamJobSpec {
                 "expected a duration above 0, such as 5m",
             ));
         }
+        if let Some(interval) = self.savepoints.interval.filter(|i| i.get() < std::time::Duration::from_secs(1)) {
+            return Err(spec_invalid(
+                "savepoints.interval",
+                format!("{interval} is too short: expected at least 1s (a savepoint is a whole copy of the job's state)"),
+            ));
+        }
+        if !(1..=super::spec::MAX_SAVEPOINT_COUNT).contains(&self.savepoints.max_count) {
+            return Err(spec_invalid(
+                "savepoints.maxCount",
+                format!("{} is out of range: expected 1 to {}", self.savepoints.max_count, super::spec::MAX_SAVEPOINT_COUNT),
+            ));
+        }
+        if self.savepoints.max_age.is_some_and(|a| a.is_zero()) {
+            return Err(spec_invalid(
+                "savepoints.maxAge",
+                "expected a duration above 0, such as 24h (unset: only maxCount bounds the savepoints)",
+            ));
+        }
         if self.savepoint_timeout.is_zero() {
             return Err(spec_invalid(
                 "savepointTimeout",

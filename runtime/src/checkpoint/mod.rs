@@ -13,4 +13,4 @@ pub use metadata::{now_unix_ms, CheckpointMetadata, OperatorSubtaskState, Snapsh
 pub use lineage::RunClaim;
 pub use savepoints::SavepointBook;
 pub use state_file_writer::StateFileWriter;
-pub use storage::{CheckpointStorage, Location};
+pub use storage::{CheckpointStorage, Disposal, Location};

@@ -366,6 +366,17 @@ pub struct CheckpointStorage {
     pub job_root: Location,
 }
 
+/// Why a savepoint was not disposed of.
+#[derive(Debug)]
+pub enum Disposal {
+    /// The location names no savepoint of this job.
+    NotASavepoint(String),
+    /// It is the job's latest snapshot.
+    Latest(String),
+    /// Storage failed.
+    Failed(Error),
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct SnapshotInfo {
     pub id: u64,
@@ -501,6 +512,50 @@ impl CheckpointStorage {
         Ok(next_id_after(self.list().await?.iter()))
     }
 
+    /// The directory (`savepoints/sp-…`) of this job's savepoint at
+    /// `location`, as a savepoint's outcome gives it; `None` for anything
+    /// else (a checkpoint, another job's savepoint, a path inside one).
+    pub fn savepoint_dir_of(&self, location: &str) -> Option<String> {
+        let location = location.trim_end_matches('/');
+        let (_, name) = location.rsplit_once('/')?;
+        let mut parts = name.strip_prefix("sp-")?.split('-');
+        let numbers = parts.by_ref().take(2).filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())).count();
+        if numbers != 2 || parts.next().is_some() {
+            return None;
+        }
+        let rel = format!("savepoints/{name}");
+        (self.dir(&rel).display.trim_end_matches('/') == location).then_some(rel)
+    }
+
+    /// Deletes this job's savepoint at `location` (see
+    /// [`Self::savepoint_dir_of`]), `_metadata` first so that a deletion cut
+    /// short leaves nothing that restores. Refused for the job's latest
+    /// snapshot: a run that fails before its first checkpoint restores from
+    /// it. Returns whether there was anything to delete.
+    pub async fn dispose_savepoint(&self, location: &str) -> std::result::Result<bool, Disposal> {
+        let Some(rel) = self.savepoint_dir_of(location) else {
+            return Err(Disposal::NotASavepoint(format!(
+                "`{}` is no savepoint of this job: expected {}/savepoints/sp-<id>-<time>",
+                location.escape_debug(),
+                self.job_root.display
+            )));
+        };
+        match self.latest_pointer().await {
+            Ok(Some(latest)) if latest == rel => {
+                return Err(Disposal::Latest(format!(
+                    "savepoint {location} is the job's latest snapshot: a failure before the next checkpoint restores from it; dispose of it once a checkpoint has completed"
+                )))
+            }
+            Ok(_) => {}
+            Err(e) => return Err(Disposal::Failed(e)),
+        }
+        let dir = self.dir(&rel);
+        let existed = !self.job_root.list_objects(&rel).await.map_err(Disposal::Failed)?.is_empty()
+            || !self.job_root.list_dirs(&rel).await.map_err(Disposal::Failed)?.is_empty();
+        dir.delete_all().await.map_err(Disposal::Failed)?;
+        Ok(existed)
+    }
+
     /// Deletes all but the newest `retain` completed checkpoints, and every
     /// abandoned (incomplete) checkpoint older than the newest completed one.
     /// Savepoints are never deleted here.
@@ -606,6 +661,33 @@ mod tests {
         assert_eq!(storage.job_root.list_objects(SHARED_DIR).await.unwrap(), ["a-chk3.arrow"]);
         storage.discard_unreferenced_shared(5).await.unwrap();
         assert_eq!(names(&on_disk), ["a-chk9.arrow#2"]);
+    }
+
+    #[tokio::test]
+    async fn a_savepoint_is_disposed_of_only_by_its_own_location_and_never_while_it_is_the_latest() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = CheckpointStorage::open(dir.path().to_str().unwrap(), "job", true).unwrap();
+        for rel in ["savepoints/sp-3-1700", "savepoints/sp-5-1800", "checkpoints/chk-4"] {
+            storage.dir(rel).put(METADATA_FILE, b"{}".to_vec()).await.unwrap();
+            storage.dir(&format!("{rel}/wal-sink")).put("entry.arrow", b"log copy".to_vec()).await.unwrap();
+        }
+        let location = |rel: &str| storage.dir(rel).display;
+        // Anything but a savepoint directory of this job is refused, and kept.
+        let other = CheckpointStorage::open(dir.path().join("elsewhere").to_str().unwrap(), "job", true).unwrap();
+        for bad in [location("checkpoints/chk-4"), location("savepoints/sp-3-1700/wal-sink"), other.dir("savepoints/sp-3-1700").display, location("savepoints/sp-x-1")] {
+            assert!(matches!(storage.dispose_savepoint(&bad).await, Err(Disposal::NotASavepoint(m)) if m.contains("no savepoint of this job")), "{bad}");
+        }
+        assert!(dir.path().join("job/checkpoints/chk-4/_metadata").exists());
+        // The job's latest snapshot (a run restored from it and completed nothing since) stays.
+        let claim = storage.claim_run("run-a").await.unwrap();
+        storage.begin_lineage(&claim, Some(&storage.dir("savepoints/sp-5-1800"))).await.unwrap();
+        assert_eq!(storage.latest_pointer().await.unwrap().as_deref(), Some("savepoints/sp-5-1800"));
+        assert!(matches!(storage.dispose_savepoint(&location("savepoints/sp-5-1800")).await, Err(Disposal::Latest(_))));
+        // Another one goes whole, log copies included; a second disposal finds nothing.
+        assert!(storage.dispose_savepoint(&format!("{}/", location("savepoints/sp-3-1700"))).await.unwrap());
+        assert!(!dir.path().join("job/savepoints/sp-3-1700").exists());
+        assert!(!storage.dispose_savepoint(&location("savepoints/sp-3-1700")).await.unwrap());
+        assert!(dir.path().join("job/savepoints/sp-5-1800/wal-sink/entry.arrow").exists());
     }
 
     #[tokio::test]

@@ -26,9 +26,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use tokio::sync::{mpsc, watch};
-use weir_api::control::{ErrorBody, Membership, SavepointRequest};
+use weir_api::control::{ErrorBody, Membership, SavepointDisposal, SavepointDisposed, SavepointRequest};
 
 use crate::checkpoint::savepoints::{Admission, SavepointBook};
+use crate::checkpoint::Disposal;
+use crate::worker::clean_up::SavepointDisposal as Disposer;
 use crate::error::{Error, Result};
 
 pub use client::call;
@@ -73,6 +75,8 @@ struct Inner {
     status: SharedStatus,
     book: SavepointBook,
     savepoints: Mutex<Savepoints>,
+    /// Worker 0's disposal of savepoints, once its run is under way.
+    disposer: Mutex<Option<Arc<Disposer>>>,
 }
 
 /// Why a membership was refused, as an HTTP answer.
@@ -101,6 +105,7 @@ impl Control {
                 status: Arc::new(Mutex::new(status)),
                 book: SavepointBook::default(),
                 savepoints: Mutex::new(Savepoints::NotYet),
+                disposer: Mutex::new(None),
             }),
         }
     }
@@ -126,6 +131,11 @@ impl Control {
     /// This process hosts the coordinator: savepoint requests go to it.
     pub fn serve_savepoints(&self, coordinator: mpsc::Sender<ApiRequest>) {
         *lock(&self.inner.savepoints) = Savepoints::Coordinator(coordinator);
+    }
+
+    /// This process disposes of the job's savepoints (worker 0).
+    pub(crate) fn serve_disposals(&self, disposer: Disposer) {
+        *lock(&self.inner.disposer) = Some(Arc::new(disposer));
     }
 
     /// Savepoints are taken by worker 0, whose endpoint is at `api`.
@@ -330,6 +340,39 @@ async fn delete_savepoint(State(c): State<Control>, path: Result<Path<String>, P
     }
 }
 
+/// Disposes of one savepoint of the job (see `weir_api::control`). Answers
+/// once it is done: the operator removes the savepoint from its list only then.
+async fn post_disposal(State(c): State<Control>, body: Bytes) -> Response {
+    let req: SavepointDisposal = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("expected a savepoint disposal as JSON, {{\"location\": \"…\"}}: {e}")),
+    };
+    let disposer = lock(&c.inner.disposer).clone();
+    let Some(disposer) = disposer else {
+        return match &*lock(&c.inner.savepoints) {
+            Savepoints::Elsewhere(api) => error(StatusCode::SERVICE_UNAVAILABLE, format!("savepoints are served by worker 0 at {api}")),
+            _ => error(StatusCode::SERVICE_UNAVAILABLE, "the job is not running yet"),
+        };
+    };
+    // Until the run completed a snapshot, its sinks may still be committing
+    // what the snapshot it restored from names (perhaps a savepoint outside
+    // this job's storage, which the clean-up cannot see), and a failure
+    // would restore that snapshot again.
+    if lock(&c.inner.status).checkpoints_completed == 0 {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "the run has completed no checkpoint yet; savepoints are disposed of once it has");
+    }
+    tracing::info!(savepoint = %req.location, "savepoint disposal requested");
+    match disposer.dispose(&req.location).await {
+        Ok(existed) => Json(SavepointDisposed { location: req.location, existed }).into_response(),
+        Err(Disposal::NotASavepoint(m)) => error(StatusCode::BAD_REQUEST, m),
+        Err(Disposal::Latest(m)) => error(StatusCode::CONFLICT, m),
+        Err(Disposal::Failed(e)) => {
+            tracing::warn!(savepoint = %req.location, error = %e, "savepoint disposal failed");
+            error(StatusCode::INTERNAL_SERVER_ERROR, format!("disposing of savepoint {} failed: {e}", req.location))
+        }
+    }
+}
+
 pub fn router(control: Control) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
@@ -337,6 +380,7 @@ pub fn router(control: Control) -> Router {
         .route("/v1/membership", put(put_membership))
         .route("/v1/savepoints", post(post_savepoint))
         .route("/v1/savepoints/{request_id}", get(get_savepoint).delete(delete_savepoint))
+        .route("/v1/savepoint-disposals", post(post_disposal))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route") })
         .method_not_allowed_fallback(|| async { error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route") })
         // Outermost, so that it also guards the fallbacks: nothing is revealed without the token.

@@ -233,3 +233,44 @@ async fn workers_other_than_zero_point_savepoint_callers_at_worker_zero() {
         assert_eq!(error_of(&answer), "savepoints are served by worker 0 at 10.0.0.1:6120");
     }
 }
+
+#[tokio::test]
+async fn a_savepoint_is_disposed_of_once_the_run_completed_a_checkpoint_and_a_checkpoint_never_is() {
+    use crate::checkpoint::CheckpointStorage;
+    use crate::worker::clean_up::{AtStop, Outputs, SavepointDisposal};
+    let dir = tempfile::tempdir().unwrap();
+    let storage = CheckpointStorage::open(dir.path().to_str().unwrap(), "j", true).unwrap();
+    for rel in ["savepoints/sp-2-100", "checkpoints/chk-3"] {
+        storage.dir(rel).put("_metadata", b"{}".to_vec()).await.unwrap();
+    }
+    let savepoint = storage.dir("savepoints/sp-2-100").display;
+    let checkpoint = storage.dir("checkpoints/chk-3").display;
+    let control = worker(0);
+    let addr = start(control.clone()).await;
+    let body = |location: &str| serde_json::json!({ "location": location }).to_string();
+    let (code, answer) = req(addr, "POST", "/v1/savepoint-disposals", TOKEN, Some(&body(&savepoint))).await;
+    assert_eq!((code, error_of(&answer).as_str()), (503, "the job is not running yet"));
+
+    let at = AtStop { outputs: Outputs { sinks: Vec::new(), late_records: Vec::new() }, job: "j".into(), run_id: "r".into(), base_dir: dir.path().into(), storage };
+    control.serve_disposals(SavepointDisposal { at });
+    let (code, answer) = req(addr, "POST", "/v1/savepoint-disposals", TOKEN, Some(&body(&savepoint))).await;
+    assert_eq!(code, 503, "{answer}");
+    assert!(error_of(&answer).contains("completed no checkpoint yet"), "{answer}");
+    assert!(dir.path().join("j/savepoints/sp-2-100/_metadata").exists());
+
+    control.status().lock().unwrap().checkpoints_completed = 1;
+    let (code, answer) = req(addr, "POST", "/v1/savepoint-disposals", TOKEN, Some(&body(&checkpoint))).await;
+    assert_eq!(code, 400, "{answer}");
+    assert!(error_of(&answer).contains("no savepoint of this job"), "{answer}");
+    assert!(dir.path().join("j/checkpoints/chk-3/_metadata").exists(), "a checkpoint is never disposed of");
+    let (code, answer) = req(addr, "POST", "/v1/savepoint-disposals", TOKEN, Some("{}")).await;
+    assert_eq!(code, 400, "{answer}");
+    assert!(error_of(&answer).contains("location"), "{answer}");
+    for existed in [true, false] {
+        let (code, answer) = req(addr, "POST", "/v1/savepoint-disposals", TOKEN, Some(&body(&savepoint))).await;
+        assert_eq!(code, 200, "{answer}");
+        let done: weir_api::control::SavepointDisposed = serde_json::from_str(&answer).unwrap();
+        assert_eq!((done.location.as_str(), done.existed), (savepoint.as_str(), existed));
+    }
+    assert!(!dir.path().join("j/savepoints/sp-2-100").exists());
+}

@@ -59,3 +59,26 @@ impl AtStop {
         }
     }
 }
+
+/// Worker 0's disposal of its job's savepoints, for the control endpoint's
+/// `POST /v1/savepoint-disposals` (the operator disposes of the savepoints
+/// `spec.savepoints` no longer keeps). A savepoint holds, besides its
+/// directory, what its sink state names outside storage: prepared
+/// PostgreSQL transactions and log entries in the job's `wal-<sink>/`.
+/// Once the directory is gone, the job's clean-up runs as at a stop that may
+/// resume: what no retained snapshot references any more goes, except
+/// anything of the running run, whose checkpoints may name it next.
+pub(crate) struct SavepointDisposal {
+    pub at: AtStop,
+}
+
+impl SavepointDisposal {
+    pub(crate) async fn dispose(&self, location: &str) -> std::result::Result<bool, crate::checkpoint::Disposal> {
+        let existed = self.at.storage.dispose_savepoint(location).await?;
+        tracing::info!(savepoint = %location, existed, "savepoint disposed of; cleaning up what it alone held");
+        clean_up_after_end(&self.at.outputs, &self.at.job, &self.at.run_id, RunEnd::MayResume, &self.at.base_dir, &self.at.storage)
+            .await
+            .map_err(crate::checkpoint::Disposal::Failed)?;
+        Ok(existed)
+    }
+}

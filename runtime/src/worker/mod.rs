@@ -13,7 +13,7 @@
 //! whoever started it (the local supervisor or the operator) restores the job
 //! from the latest completed checkpoint.
 
-mod clean_up;
+pub(crate) mod clean_up;
 pub mod gate;
 pub mod handshake;
 pub mod protocol;
@@ -239,6 +239,10 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
         // stop is cancelled and the job goes on), so worker 0 cleans up once
         // its sinks committed the stopping savepoint, before it says so:
         // the operator deletes the pods only after that.
+        if index == 0 {
+            let at = clean_up::AtStop { outputs: job_outputs.clone(), job: job_id.to_string(), run_id: cluster.run_id.clone(), base_dir: cfg.base_dir.clone(), storage: storage.clone() };
+            control.serve_disposals(clean_up::SavepointDisposal { at });
+        }
         let clean_up_at_stop = (index == 0 && !ends_after_stop).then(|| {
             Arc::new(clean_up::AtStop { outputs: job_outputs.clone(), job: job_id.to_string(), run_id: cluster.run_id.clone(), base_dir: cfg.base_dir.clone(), storage: storage.clone() })
         });

@@ -14,6 +14,7 @@ use crate::testing::{exited, pod, JobBuilder};
 
 mod readiness;
 mod rollback;
+mod savepoints;
 mod stuck;
 
 /// A job and the world around it, advanced one reconcile at a time.
@@ -32,6 +33,8 @@ struct World {
     settings: WorkerSettings,
     /// The other jobs' upgrades in flight and the limit.
     upgrades: crate::lifecycle::UpgradeSlots,
+    /// Savepoint disposals carried out, as the reconciler reports them.
+    disposals: Vec<(String, crate::observe::DisposalOutcome)>,
 }
 
 impl World {
@@ -47,6 +50,7 @@ impl World {
             rejected: None,
             settings: WorkerSettings::default(),
             upgrades: Default::default(),
+            disposals: Vec::new(),
         }
     }
 
@@ -59,6 +63,7 @@ impl World {
         obs.savepoint = self.savepoint.clone();
         obs.rejected = self.rejected.clone();
         obs.upgrades = self.upgrades;
+        obs.disposals = self.disposals.clone();
         // As the reconciler's observation takes it from status.
         obs.silent = self.job.status.as_ref().and_then(|s| s.run.as_ref()).map(|r| r.silent_pods.clone()).unwrap_or_default();
         let d = decide(&self.job, &obs, &self.settings);

@@ -449,3 +449,23 @@ fn the_checkpoint_mode_and_alignment_timeout_of_the_spec_reach_the_pipeline() {
     let err = parse(&both).spec.validate().unwrap_err();
     assert!(err.to_string().contains("alignment_timeout"), "{err}");
 }
+
+#[test]
+fn savepoint_settings_parse_with_ten_kept_by_default_and_bad_values_are_refused_naming_the_field() {
+    let job = parse(&minimal());
+    assert_eq!((job.spec.savepoints.interval, job.spec.savepoints.max_count, job.spec.savepoints.max_age), (None, 10, None));
+    let job = parse(&with(minimal(), "/spec/savepoints", json!({"interval": "30m", "maxCount": 3, "maxAge": "24h"})));
+    assert_eq!(job.spec.savepoints.interval.unwrap().get(), std::time::Duration::from_secs(1800));
+    assert_eq!(job.spec.savepoints.max_count, 3);
+    assert!(job.spec.validate().is_ok());
+    for (settings, expected) in [
+        (json!({"interval": "500ms"}), "savepoints.interval: 500ms is too short: expected at least 1s"),
+        (json!({"maxCount": 0}), "savepoints.maxCount: 0 is out of range: expected 1 to 100"),
+        (json!({"maxCount": 101}), "savepoints.maxCount: 101 is out of range: expected 1 to 100"),
+        (json!({"maxAge": "0s"}), "savepoints.maxAge: expected a duration above 0"),
+    ] {
+        let job = parse(&with(minimal(), "/spec/savepoints", settings));
+        let err = job.spec.validate().unwrap_err().to_string();
+        assert!(err.contains(expected), "{err}");
+    }
+}
