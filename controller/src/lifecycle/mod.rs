@@ -209,6 +209,9 @@ pub struct Cx<'a> {
     /// The spec's validation: what its pipeline promises and how it runs,
     /// or why it cannot run.
     pub validation: Result<Validated, Refusal>,
+    /// The operator's default worker image, when the job's pods run it
+    /// (the job names no image of its own).
+    pub default_image: Option<String>,
 }
 
 /// What a valid spec's pipeline promises and how it runs.
@@ -241,7 +244,9 @@ pub struct Decision {
 pub fn decide(job: &StreamJob, obs: &Observed, settings: &WorkerSettings) -> Decision {
     let validation = validate(job, settings);
     let image = desired::worker_image(job, settings);
-    let cx = Cx { job, obs, now: obs.now, spec_hash: spec_hash(&job.spec, image.as_deref()), validation };
+    // The default is used when neither the spec nor its pod template names an image.
+    let default_image = image.clone().filter(|_| desired::worker_image(job, &WorkerSettings { default_image: None, ..settings.clone() }).is_none());
+    let cx = Cx { job, obs, now: obs.now, spec_hash: spec_hash(&job.spec, image.as_deref()), validation, default_image };
     let mut st = job.status.clone().unwrap_or_default();
     crate::spec_hash::migrate(&mut st, &job.spec, image.as_deref(), &cx.spec_hash);
     let before = st.phase;

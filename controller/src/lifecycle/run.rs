@@ -35,9 +35,9 @@ pub(super) fn new_run(cx: &Cx, st: &mut StreamJobStatus, restore_from: Option<St
     let number = st.run.as_ref().map(|r| r.number + 1).unwrap_or(1);
     // Nor is a generation that was rolled back (until the spec changes).
     let held_back = cx.validation.is_err() || super::rollback::holds(cx, st);
-    let (spec_hash, generation, workers) = match (held_back, &st.run) {
-        (true, Some(before)) => (before.spec_hash.clone(), before.generation, before.workers),
-        _ => (cx.spec_hash.clone(), cx.job.metadata.generation, cx.job.spec.parallelism.max(1)),
+    let (spec_hash, generation, workers, default_image) = match (held_back, &st.run) {
+        (true, Some(before)) => (before.spec_hash.clone(), before.generation, before.workers, before.default_image.clone()),
+        _ => (cx.spec_hash.clone(), cx.job.metadata.generation, cx.job.spec.parallelism.max(1), cx.default_image.clone()),
     };
     let uid = cx.job.metadata.uid.as_deref().unwrap_or("local");
     let short: String = uid.chars().filter(|c| c.is_ascii_alphanumeric()).take(8).collect();
@@ -48,6 +48,7 @@ pub(super) fn new_run(cx: &Cx, st: &mut StreamJobStatus, restore_from: Option<St
         // the storage was lost or is the wrong one, not a first start.
         expect_state: restore_from.as_deref() == Some(LATEST) && st.last_checkpoint.is_some(),
         restore_from,
+        default_image,
         ..RunStatus::decided(format!("{short}-{number}"), number, spec_hash, workers, Time(cx.now))
     });
 }

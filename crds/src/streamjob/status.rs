@@ -321,6 +321,11 @@ pub struct RunStatus {
     /// pods, so no worker is left to report it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub coordinator_unreachable_since: Option<Time>,
+    /// The operator's default worker image the run's pods were built with,
+    /// when the job names no image of its own: a finished job is not run
+    /// again just because that default changed (an operator upgrade).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_image: Option<String>,
 }
 
 impl RunStatus {
@@ -345,6 +350,7 @@ impl RunStatus {
             avoid_nodes_relaxed: false,
             silent_pods: Vec::new(),
             coordinator_unreachable_since: None,
+            default_image: None,
         }
     }
 }

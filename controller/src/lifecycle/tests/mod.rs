@@ -953,6 +953,29 @@ fn a_finished_job_stays_finished() {
 }
 
 #[test]
+fn a_finished_job_on_the_default_image_is_not_run_again_when_the_default_changes_but_is_when_its_spec_does() {
+    let mut w = World::new(JobBuilder::new("j").spec(|s| s.image = None).build());
+    w.settings.default_image = Some("localhost/weir:0.1.0".into());
+    w.until(Phase::Deploying);
+    w.step();
+    w.pods_run();
+    w.until(Phase::Running);
+    assert_eq!(w.job.status.as_ref().unwrap().run.as_ref().unwrap().default_image.as_deref(), Some("localhost/weir:0.1.0"));
+    w.pods = w.pods.iter().map(|p| exited(p.clone(), 0)).collect();
+    w.until(Phase::Finished);
+    // helm upgrade of the operator with a new worker image.
+    w.settings.default_image = Some("localhost/weir:0.2.0".into());
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Finished), "{:?}", d.status.message);
+    assert!(d.effects.is_empty());
+    // A change of the spec itself runs it again, on the new default.
+    w.job.spec.parallelism = 3;
+    w.step();
+    assert_eq!(w.phase(), Some(Phase::Deploying));
+    assert_eq!(w.job.status.as_ref().unwrap().run.as_ref().unwrap().default_image.as_deref(), Some("localhost/weir:0.2.0"));
+}
+
+#[test]
 fn an_invalid_spec_change_keeps_the_running_job_and_says_why() {
     let mut w = World::running(JobBuilder::new("j").build());
     w.job.spec.pipeline.0["sink"] = serde_json::json!({"nowhere": {}});
