@@ -17,11 +17,21 @@ impl State for Savepointing {
 
     fn step(cx: &Cx, st: &mut StreamJobStatus) -> Step {
         if let Some(run) = st.run.clone() {
-            if let RunHealth::Failed { reason, message, fatal } = cx.obs.health(&run) {
-                // The savepoint is lost with the run; the trigger stays unobserved,
-                // so the recovered job takes it.
-                st.pending_savepoint = None;
-                return after_failure::<Savepointing>(cx, st, &reason, &message, fatal);
+            match cx.obs.health(&run) {
+                RunHealth::Failed { reason, message, fatal } => {
+                    // The savepoint is lost with the run; the trigger stays unobserved,
+                    // so the recovered job takes it.
+                    st.pending_savepoint = None;
+                    return after_failure::<Savepointing>(cx, st, &reason, &message, fatal);
+                }
+                RunHealth::Finished => {
+                    // Every source ended first: nobody is left to take it, and
+                    // the final checkpoint holds everything. Running sees the end.
+                    observe_trigger(cx, st);
+                    st.pending_savepoint = None;
+                    return Step::to::<Savepointing, Running>().message("the job finished before the savepoint could be taken").requeue(Duration::ZERO);
+                }
+                _ => {}
             }
         }
         record_progress(cx, st);

@@ -557,8 +557,8 @@ impl CheckpointStorage {
     }
 
     /// Deletes all but the newest `retain` completed checkpoints, and every
-    /// abandoned (incomplete) checkpoint older than the newest completed one.
-    /// Savepoints are never deleted here.
+    /// abandoned (incomplete) checkpoint or savepoint older than the newest
+    /// completed checkpoint. Completed savepoints are never deleted here.
     pub async fn apply_retention(&self, retain: usize) -> Result<()> {
         let list = self.list().await?;
         let checkpoints: Vec<_> = list.iter().filter(|s| s.kind == SnapshotKind::Checkpoint).collect();
@@ -571,6 +571,13 @@ impl CheckpointStorage {
             }
         }
         for s in checkpoints.iter().filter(|s| !s.complete && s.id < newest) {
+            self.dir(&s.dir).delete_all().await?;
+        }
+        // A savepoint cut off by a failure never completes, and nobody
+        // lists it to dispose of it: once a later checkpoint completed it
+        // can no longer be in progress (one snapshot at a time, ids rise).
+        for s in list.iter().filter(|s| s.kind == SnapshotKind::Savepoint && !s.complete && s.id < newest) {
+            tracing::info!(savepoint = %s.location, "deleting a savepoint that never completed");
             self.dir(&s.dir).delete_all().await?;
         }
         self.discard_unreferenced_shared(newest).await
@@ -688,6 +695,20 @@ mod tests {
         assert!(!dir.path().join("job/savepoints/sp-3-1700").exists());
         assert!(!storage.dispose_savepoint(&location("savepoints/sp-3-1700")).await.unwrap());
         assert!(dir.path().join("job/savepoints/sp-5-1800/wal-sink/entry.arrow").exists());
+    }
+
+    #[tokio::test]
+    async fn retention_deletes_a_savepoint_cut_off_before_a_later_checkpoint_but_keeps_completed_and_newer_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = CheckpointStorage::open(dir.path().to_str().unwrap(), "job", true).unwrap();
+        let complete = |id: u64, kind: SnapshotKind| CheckpointMetadata::new("job", id, kind, 1, 128, false).encode();
+        storage.dir("savepoints/sp-1-10").put(METADATA_FILE, complete(1, SnapshotKind::Savepoint)).await.unwrap();
+        storage.dir("savepoints/sp-2-20").put("state.arrow", b"cut off".to_vec()).await.unwrap();
+        storage.dir("checkpoints/chk-3").put(METADATA_FILE, complete(3, SnapshotKind::Checkpoint)).await.unwrap();
+        storage.dir("savepoints/sp-4-40").put("state.arrow", b"in progress".to_vec()).await.unwrap();
+        storage.apply_retention(1).await.unwrap();
+        let left = names(&dir.path().join("job/savepoints"));
+        assert_eq!(left, ["sp-1-10", "sp-4-40"]);
     }
 
     #[tokio::test]

@@ -189,3 +189,17 @@ fn without_settings_no_periodic_savepoint_is_taken_and_ten_are_kept() {
     assert!(savepoint_requests(&[w.step()]).is_empty());
     assert_eq!(w.job.spec.savepoints, weir_api::streamjob::SavepointSettings::default(), "maxCount 10 is the default");
 }
+
+#[test]
+fn a_job_that_finishes_while_its_periodic_savepoint_is_pending_is_finished_without_waiting_for_it() {
+    let mut w = with_savepoints(Some("10m"), 10, None);
+    pass(&mut w, 10 * MINUTE);
+    w.step();
+    assert_eq!(w.phase(), Some(Phase::Savepointing));
+    for p in w.pods.iter_mut() {
+        *p = crate::testing::exited(p.clone(), 0);
+    }
+    w.coordinator = None;
+    w.until(Phase::Finished);
+    assert!(w.job.status.as_ref().unwrap().pending_savepoint.is_none());
+}
