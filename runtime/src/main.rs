@@ -108,6 +108,9 @@ line and field).")]
         /// Stop the job with this savepoint: no output is committed after it, and the job ends (`weir run` exits 0). Resume with `weir run --restore PATH`.
         #[arg(long)]
         stop: bool,
+        /// Instead of taking a savepoint, dispose of the job's savepoint at PATH (as `weir savepoint` printed it): its directory goes, and what only it still held outside storage (prepared PostgreSQL transactions, sink log entries). Refused for anything but a savepoint of this job, and for the job's latest snapshot. Needs the job running.
+        #[arg(long, value_name = "PATH", conflicts_with = "stop")]
+        dispose: Option<String>,
     },
     /// Show the status of a running local job.
     Status {
@@ -462,7 +465,15 @@ async fn run_command(command: Command) -> anyhow::Result<()> {
             print!("{}", plan.describe());
             Ok(())
         }
-        Command::Savepoint { state_dir, job, stop } => {
+        Command::Savepoint { state_dir, job, dispose: Some(location), .. } => {
+            let run = local::find_run(&state_dir, job.as_deref()).await?;
+            let body = serde_json::to_vec(&weir_api::control::SavepointDisposal { location })?;
+            let done: weir_api::control::SavepointDisposed = call_job(&run, "POST", "/v1/savepoint-disposals", Some(&body), Duration::from_secs(600)).await?;
+            let what = if done.existed { "disposed of" } else { "already gone" };
+            eprintln!("savepoint {} of `{}` {what}", done.location, run.job);
+            Ok(())
+        }
+        Command::Savepoint { state_dir, job, stop, dispose: None } => {
             let run = local::find_run(&state_dir, job.as_deref()).await?;
             let sp = take_savepoint(&run, &state_dir, stop, Duration::from_secs(600)).await?;
             let how = if stop { "; the job stops" } else { "" };

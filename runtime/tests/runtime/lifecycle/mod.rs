@@ -482,6 +482,11 @@ enum Action {
     Savepoint { after_ms: u64 },
     /// `weir savepoint --stop`: the job must then exit 0 by itself.
     StopWithSavepoint { after_ms: u64 },
+    /// `weir savepoint --dispose` of a savepoint on disk while the job runs:
+    /// its directory goes (and what only it held outside storage); the
+    /// job's latest snapshot is refused. Later restores of the others, and
+    /// the output, must not notice.
+    DisposeSavepoint { after_ms: u64, pick: usize },
     /// Restore a remembered savepoint or a retained checkpoint of the lineage.
     Restore { pick: usize, parallelism: u32 },
     /// Stop (crash or stop-with-savepoint) and restore at another parallelism.
@@ -554,7 +559,7 @@ impl FailedPut {
 fn draw_plan(rng: &mut StdRng) -> Vec<Action> {
     let n = rng.random_range(3..=8);
     (0..n)
-        .map(|_| match rng.random_range(0..23) {
+        .map(|_| match rng.random_range(0..24) {
             0..=1 => Action::Start,
             2 => Action::ReRun { kill_worker: rng.random_bool(0.5) },
             3..=6 => Action::KillWorker { after_ms: rng.random_range(0..1500), during_checkpoint: rng.random_bool(0.5), victim: rng.random_range(0..4) },
@@ -572,6 +577,7 @@ fn draw_plan(rng: &mut StdRng) -> Vec<Action> {
             19 => Action::SlowStore { ahead: rng.random_range(1..=4), delay_ms: rng.random_range(600..=1500), via_savepoint: rng.random_bool(0.5) },
             20 => Action::TwinJob { kill_after_ms: rng.random_range(100..1500) },
             21 => Action::FailingStore { ahead: rng.random_range(1..=4), object: FailedPut::draw(rng), via_savepoint: rng.random_bool(0.5) },
+            22 => Action::DisposeSavepoint { after_ms: rng.random_range(0..1200), pick: rng.random_range(0..64) },
             _ => Action::Corrupt { pick: rng.random_range(0..64), file_pick: rng.random_range(0..64), offset_pick: rng.random() },
         })
         .collect()
@@ -866,6 +872,32 @@ impl<'a> Model<'a> {
             }
             // A savepoint of a job that is finishing or restarting may fail; the job must go on.
             Err(e) => self.note(format!("savepoint not taken: {e}")),
+        }
+        Ok(())
+    }
+
+    /// Disposes of one of the savepoints on disk, as a user of `weir run` would.
+    fn dispose_savepoint(&mut self, pick: usize) -> Step {
+        let savepoints: Vec<Snapshot> = list_snapshots(self.job).into_iter().filter(|s| s.complete && s.kind == "savepoint").collect();
+        if savepoints.is_empty() {
+            self.note("no savepoint to dispose of");
+            return Ok(());
+        }
+        let s = savepoints[pick % savepoints.len()].clone();
+        let out = self.job.weir(&["savepoint", "--state-dir", "state", "--dispose", &s.location]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        if out.status.success() {
+            if s.is_latest {
+                return Err(violation("the job's latest snapshot is never disposed of", format!("{} was: {err}", s.location)));
+            }
+            if Path::new(&s.location).exists() {
+                return Err(violation("a disposed savepoint is gone", format!("{} is still there: {err}", s.location)));
+            }
+            self.note(format!("disposed of savepoint {}", s.location));
+        } else {
+            // Right refusals: the latest snapshot, a run without a checkpoint
+            // yet (it may still commit what it restored), a job that ended.
+            self.note(format!("savepoint {} not disposed of: {err}", s.location));
         }
         Ok(())
     }
@@ -1261,6 +1293,13 @@ impl<'a> Model<'a> {
                 self.ensure_running()?;
                 if self.sleep_running(after_ms)? {
                     self.second_run()?;
+                }
+                Ok(())
+            }
+            Action::DisposeSavepoint { after_ms, pick } => {
+                self.ensure_running()?;
+                if self.sleep_running(after_ms)? {
+                    self.dispose_savepoint(pick)?;
                 }
                 Ok(())
             }
