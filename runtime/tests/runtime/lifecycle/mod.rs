@@ -878,7 +878,15 @@ impl<'a> Model<'a> {
 
     /// Disposes of one of the savepoints on disk, as a user of `weir run` would.
     fn dispose_savepoint(&mut self, pick: usize) -> Step {
-        let savepoints: Vec<Snapshot> = list_snapshots(self.job).into_iter().filter(|s| s.complete && s.kind == "savepoint").collect();
+        let savepoints = || list_snapshots(self.job).into_iter().filter(|s| s.complete && s.kind == "savepoint").collect::<Vec<Snapshot>>();
+        // Two at least, so that one is not the latest snapshot.
+        for _ in savepoints().len()..2 {
+            self.take_savepoint()?;
+            if !self.sleep_running(300)? {
+                break;
+            }
+        }
+        let savepoints = savepoints();
         if savepoints.is_empty() {
             self.note("no savepoint to dispose of");
             return Ok(());
