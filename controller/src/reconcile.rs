@@ -379,7 +379,11 @@ async fn act(job: &StreamJob, ctx: &Context, ns: &str, decision: &Decision, pods
                         warn!(savepoint = %location, error = %message, "savepoint not disposed of");
                         ctx.disposal_done(job, location, DisposalOutcome::Refused(message));
                     }
-                    // The latest snapshot, a run without a checkpoint yet, storage trouble: asked again later.
+                    // The latest snapshot or a run without a checkpoint yet: asked again later.
+                    Err(Error::Worker { message, .. }) if message.starts_with("HTTP 409") || message.starts_with("HTTP 503") => {
+                        debug!(savepoint = %location, error = %message, "savepoint not disposed of yet")
+                    }
+                    // Storage trouble, a worker that does not answer: asked again later.
                     Err(e) => warn!(savepoint = %location, error = %e, "savepoint not disposed of yet"),
                 }
             }
@@ -410,6 +414,9 @@ async fn act(job: &StreamJob, ctx: &Context, ns: &str, decision: &Decision, pods
                         m.remove(&uid);
                     }
                     if let Ok(mut m) = ctx.rejections.lock() {
+                        m.remove(&uid);
+                    }
+                    if let Ok(mut m) = ctx.disposals.lock() {
                         m.remove(&uid);
                     }
                 }

@@ -18,8 +18,10 @@ use super::{human, Cx, Effect, Note};
 use crate::observe::DisposalOutcome;
 
 /// At most this many disposals are asked for per reconcile: each deletes a
-/// whole directory, and a lowered maxCount must not flood the coordinator.
-const DISPOSALS_PER_RECONCILE: usize = 3;
+/// whole directory (one request per object on S3) while the job's
+/// reconcile waits, and a lowered maxCount must neither flood the
+/// coordinator nor hold up the job's failure detection.
+const DISPOSALS_PER_RECONCILE: usize = 2;
 
 /// Whether the periodic savepoint is due: `spec.savepoints.interval` after
 /// the latest savepoint, the run's start or a failed savepoint, whichever
