@@ -182,10 +182,7 @@ fn after_progress(cx: &Cx, st: &mut StreamJobStatus, run: &RunStatus) -> Step {
             .message("taking the periodic savepoint (spec.savepoints.interval)")
             .requeue(Duration::from_millis(500));
     }
-    let disposals = match cx.obs.health(run) {
-        RunHealth::Running { ips } => ips.first().map(|ip| savepoint_retention::disposals(cx, st, std::net::SocketAddr::new(*ip, weir_api::control::CONTROL_PORT))).unwrap_or_default(),
-        _ => Vec::new(),
-    };
+    let disposals = savepoint::api_of(cx, st).map(|api| savepoint_retention::disposals(cx, st, api)).unwrap_or_default();
     let mut step = Step::stay::<Running>().requeue(PROGRESS_INTERVAL).effects(disposals);
     if spec.initial_savepoint.is_some() && spec.initial_savepoint != st.initial_savepoint {
         step = step.message("running; spec.initialSavepoint changed but applies only to a job's first deployment: to start from it, create a new StreamJob");

@@ -38,7 +38,8 @@ fn request(cx: &Cx, st: &StreamJobStatus, request_id: String, reason: SavepointR
     }
 }
 
-fn api_of(cx: &Cx, st: &StreamJobStatus) -> Option<std::net::SocketAddr> {
+/// The control endpoint of the run's coordinator (worker 0), while every worker runs.
+pub(super) fn api_of(cx: &Cx, st: &StreamJobStatus) -> Option<std::net::SocketAddr> {
     let run = st.run.as_ref()?;
     match cx.obs.health(run) {
         RunHealth::Running { ips } => ips.first().map(|ip| std::net::SocketAddr::new(*ip, weir_api::control::CONTROL_PORT)),
