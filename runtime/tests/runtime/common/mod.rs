@@ -506,7 +506,8 @@ pub fn kill_workers_while_running(job: &Job, child: &mut std::process::Child, ki
 /// in `alive_ms`, three times, each run after the first with `--restore
 /// latest` (the second restore also at parallelism `rescale`, if given);
 /// then lets a last restored run finish and checks that it restored from a
-/// checkpoint. The job must outlive three such rounds.
+/// checkpoint (the last kill waits for one to exist). The job must
+/// outlive three such rounds.
 pub fn kill_trees_then_restore_latest(job: &Job, alive_ms: std::ops::Range<u64>, rescale: Option<&str>) -> Output {
     use rand::Rng;
     let mut rng = rand::rng();
@@ -514,6 +515,13 @@ pub fn kill_trees_then_restore_latest(job: &Job, alive_ms: std::ops::Range<u64>,
     for round in 0..3 {
         let child = job.spawn(&restore_args);
         std::thread::sleep(Duration::from_millis(rng.random_range(alive_ms.clone())));
+        // Kills before the first checkpoint are a path of their own, but on
+        // a loaded machine all three could come before it, and then nothing
+        // is restored; the last round therefore waits for one.
+        let until = Instant::now() + Duration::from_secs(30);
+        while round == 2 && job.latest().is_none() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         kill_group(child.id());
         let out = child.wait_with_output().unwrap();
         assert!(!out.status.success(), "round {round}: the job ended before it was killed; make it longer");
