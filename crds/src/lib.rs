@@ -9,8 +9,10 @@
 //! `streamjob` is the Kubernetes custom resource the operator reconciles; it
 //! embeds the pipeline format unchanged. `control` holds the wire types of a
 //! job's HTTP control endpoint (membership, status, savepoints).
+//! `object_store_url` is the one check of an object-store location.
 
 pub mod control;
+pub mod object_store_url;
 pub mod pipeline;
 pub mod streamjob;
 

@@ -64,7 +64,7 @@ pub fn check(job: &StreamJob, sinks: &[&SinkSpec], settings: &WorkerSettings) ->
     // Output in S3 needs no volume: pending uploads live in the bucket.
     for sink in sinks {
         match sink {
-            SinkSpec::File(f @ FileSinkSpec { path, .. }) if !f.is_s3() => {
+            SinkSpec::File(f @ FileSinkSpec { path, .. }) if !f.in_object_store() => {
                 let work = names::work_dir(&job.namespace().unwrap_or_else(|| "default".into()), &job.name_any());
                 let dir = normalize(&Path::new(&work).join(path));
                 let what = format!("the file sink's directory {path:?} ({})", dir.display());

@@ -26,16 +26,17 @@ pub enum SinkSpec {
 #[serde(deny_unknown_fields)]
 pub struct FileSinkSpec {
     /// Output directory, relative to the directory the job is started in,
-    /// or `s3://BUCKET/PREFIX` (each file is staged under a hidden name at
-    /// the checkpoint and copied to its final name when the checkpoint
-    /// completes).
+    /// or a prefix in an object store: `s3://BUCKET/PREFIX`,
+    /// `gs://BUCKET/PREFIX` or `az://CONTAINER/PREFIX` (each file is staged
+    /// under a hidden name at the checkpoint and copied to its final name
+    /// when the checkpoint completes).
     pub path: String,
     #[serde(default)]
     pub format: FileFormat,
     #[serde(default = "exactly_once")]
     pub guarantee: Guarantee,
     /// A new file starts once the current one holds this many bytes
-    /// (default 128 MiB, at most 4 GiB for `s3://` output); a new file also
+    /// (default 128 MiB, at most 4 GiB in an object store); a new file also
     /// starts at every checkpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_file_bytes: Option<u64>,
@@ -43,10 +44,10 @@ pub struct FileSinkSpec {
 
 /// Where `max_file_bytes` is not set.
 pub const DEFAULT_MAX_FILE_BYTES: u64 = 128 << 20;
-/// The largest `max_file_bytes` for `s3://` output: a file is published by
-/// one server-side copy, which S3 allows up to 5 GiB, and a file may pass
-/// `max_file_bytes` by one batch.
-pub const MAX_S3_FILE_BYTES: u64 = 4 << 30;
+/// The largest `max_file_bytes` for output to an object store: a file is
+/// published by one server-side copy, which S3 allows up to 5 GiB (the
+/// least of the stores), and a file may pass `max_file_bytes` by one batch.
+pub const MAX_OBJECT_FILE_BYTES: u64 = 4 << 30;
 
 impl FileSinkSpec {
     /// The size at which the sink starts a new file.
@@ -58,38 +59,26 @@ impl FileSinkSpec {
     /// window's `late_records`).
     pub(super) fn validate(&self, src: &PipelineSource, field: &str) -> Result<(), PipelineError> {
         if self.path.is_empty() {
-            return Err(src.invalid(&format!("{field}.path"), "expected a directory path or s3://BUCKET/PREFIX"));
+            return Err(src.invalid(&format!("{field}.path"), format!("expected a directory path or {}", crate::object_store_url::OBJECT_STORE_FORMS)));
         }
-        if let Some((scheme, rest)) = self.path.split_once("://") {
-            if scheme != "s3" {
-                return Err(src.invalid(
-                    &format!("{field}.path"),
-                    format!("{:?}: unsupported scheme {scheme}://; expected a directory path or s3://BUCKET/PREFIX", self.path),
-                ));
-            }
-            let bucket = rest.split('/').next().unwrap_or_default();
-            if bucket.is_empty() || rest.contains(['?', '#', '@']) {
-                return Err(src.invalid(
-                    &format!("{field}.path"),
-                    format!("{:?}: expected s3://BUCKET/PREFIX (a bucket, then an optional prefix; no user, query or fragment)", self.path),
-                ));
-            }
+        if let Some(Err(e)) = crate::object_store_url::object_store_kind(&self.path) {
+            return Err(src.invalid(&format!("{field}.path"), format!("{:?}: {e}", self.path)));
         }
         if self.max_file_bytes == Some(0) {
             return Err(src.invalid(&format!("{field}.max_file_bytes"), "expected a size in bytes above 0"));
         }
-        if self.is_s3() && self.max_file_bytes() > MAX_S3_FILE_BYTES {
+        if self.in_object_store() && self.max_file_bytes() > MAX_OBJECT_FILE_BYTES {
             return Err(src.invalid(
                 &format!("{field}.max_file_bytes"),
-                format!("{} bytes is too big for s3:// output: expected at most {MAX_S3_FILE_BYTES} (4 GiB; S3 copies at most 5 GiB in one request)", self.max_file_bytes()),
+                format!("{} bytes is too big for output to an object store: expected at most {MAX_OBJECT_FILE_BYTES} (4 GiB; S3 copies at most 5 GiB in one request)", self.max_file_bytes()),
             ));
         }
         Ok(())
     }
 
-    /// The output is in S3 (`s3://…`) rather than in a directory.
-    pub fn is_s3(&self) -> bool {
-        self.path.starts_with("s3://")
+    /// The output is in an object store (`s3://`, `gs://`, `az://`…) rather than in a directory.
+    pub fn in_object_store(&self) -> bool {
+        crate::object_store_url::object_store_kind(&self.path).is_some()
     }
 }
 

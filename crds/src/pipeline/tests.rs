@@ -61,7 +61,7 @@ fn late_records_need_a_directory_of_their_own_each_error_naming_the_field() {
     for (late, sink, expected) in [
         ("{path: out/eo/}", "file: {path: ./out/eo}", "steps[1].window.late_records.path: \"out/eo/\" is also `sink.file.path`"),
         ("{path: \"\"}", "blackhole: {}", "steps[1].window.late_records.path: expected a directory path"),
-        ("{path: \"gs://b/late\"}", "blackhole: {}", "steps[1].window.late_records.path: \"gs://b/late\": unsupported scheme"),
+        ("{path: \"hdfs://b/late\"}", "blackhole: {}", "steps[1].window.late_records.path: \"hdfs://b/late\": unsupported scheme"),
         ("{path: out/late, max_file_bytes: 0}", "blackhole: {}", "steps[1].window.late_records.max_file_bytes"),
         ("{path: out/late, colour: red}", "blackhole: {}", "colour"),
     ] {

@@ -393,13 +393,14 @@ impl Default for RollbackSettings {
     }
 }
 
-/// Accepted checkpoint storage locations: `file:///abs/path`, `s3://bucket/prefix`, or
-/// a plain absolute path (same as `file://`). Other schemes (gs://, az://, relative
-/// paths) are refused rather than failing at the first checkpoint.
-pub const STORAGE_URI_RULE: &str =
-    "self.startsWith('/') || self.startsWith('file:///') || (self.startsWith('s3://') && size(self) > 5)";
+/// Accepted checkpoint storage locations: `file:///abs/path`, a plain
+/// absolute path (same as `file://`), or a prefix in an object store
+/// (`s3://`, `gs://`, `az://`, `abfs[s]://`; see `object_store_url`). Other
+/// schemes and relative paths are refused rather than failing at the first
+/// checkpoint.
+pub const STORAGE_URI_RULE: &str = r"self.startsWith('/') || self.startsWith('file:///') || self.matches('^(s3|gs|az|abfss?)://[^/?#@:]+(/[^?#]*)?$') || self.matches('^abfss?://[^/?#@:.]+@[a-z0-9]+[.](dfs|blob)[.]core[.]windows[.]net(/[^?#]*)?$')";
 pub const STORAGE_URI_MESSAGE: &str =
-    "expected file:///absolute/path, s3://bucket/prefix or an absolute path";
+    "expected file:///absolute/path, an absolute path, s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or az://CONTAINER/PREFIX";
 
 /// Checkpoint settings of a StreamJob (the pipeline format's `checkpoint`, plus storage).
 #[derive(KubeSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -422,7 +423,9 @@ pub struct CheckpointSettings {
     /// A checkpoint not complete after this long is abandoned; the job goes on.
     #[serde(default = "default_checkpoint_timeout")]
     pub timeout: HumanDuration,
-    /// Where checkpoints and savepoints are written: file:///path, s3://bucket/prefix or /path.
+    /// Where checkpoints and savepoints are written: file:///path, /path, s3://bucket/prefix,
+    /// gs://bucket/prefix or az://container/prefix (the last two take their account and
+    /// credentials from the standard variables of each cloud, set in spec.env).
     /// Each job writes under <storage>/<namespace>/<name>. A file:// or plain path must be
     /// on a volume every worker mounts and that outlives a pod (a PersistentVolumeClaim in
     /// spec.podTemplate, e.g. mounted at /var/lib/weir for file:///var/lib/weir/checkpoints);

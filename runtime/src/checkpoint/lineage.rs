@@ -204,8 +204,8 @@ impl CheckpointStorage {
             || text.starts_with("checkpoints/chk-")
             || text.starts_with("savepoints/sp-")
             || text.starts_with('/')
-            || text.starts_with("s3://")
-            || text.starts_with("file://");
+            || text.starts_with("file://")
+            || weir_api::object_store_url::object_store_kind(text).is_some_and(|k| k.is_ok());
         if !ok || text.contains('\n') {
             return Err(Error::BadCheckpoint {
                 location: format!("{}/{record}", self.job_root.display),

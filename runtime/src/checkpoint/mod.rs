@@ -8,6 +8,7 @@ pub mod s3;
 pub mod savepoints;
 pub mod state_file_writer;
 pub mod storage;
+pub(crate) mod stores;
 
 pub use metadata::{now_unix_ms, CheckpointMetadata, OperatorSubtaskState, SnapshotKind, StateFile, SubtaskAck};
 pub use lineage::RunClaim;

@@ -12,11 +12,11 @@
 //! container or instance metadata endpoints), so they never appear on a
 //! command line, in a pod spec's arguments, in status or in an error.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use object_store::aws::{AmazonS3, AmazonS3Builder};
-use object_store::{BackoffConfig, ClientOptions, ObjectStore, RetryConfig};
+use object_store::ClientOptions;
 
 /// Where the S3 store of this process is. Every field is optional: without
 /// any, `s3://` locations reach AWS S3 in the region of the environment.
@@ -109,27 +109,14 @@ pub fn settings() -> S3Settings {
     SETTINGS.get().cloned().unwrap_or(S3Settings { path_style: true, ..Default::default() })
 }
 
-/// An object store for the bucket of `url` (`s3://bucket/...`).
-///
-/// Requests are retried with backoff for up to a minute, so a store that is
-/// restarted mid-run costs a slow checkpoint, not a failed run; a store gone
-/// for longer fails the request, and the checkpoint with it.
-pub(crate) fn store(url: &url::Url) -> Result<Arc<dyn ObjectStore>, String> {
-    Ok(Arc::new(amazon_s3(url)?))
-}
-
-/// The S3 client itself, for what only S3 has (multipart uploads that
-/// outlive the process: the file sink's two-phase commit).
+/// The S3 client of `url` (`s3://bucket/...`). Requests are retried as
+/// every store's are ([`super::stores::retry`]).
 pub(crate) fn amazon_s3(url: &url::Url) -> Result<AmazonS3, String> {
     let s = settings();
     let mut builder = AmazonS3Builder::from_env()
         .with_url(url.as_str())
         .with_virtual_hosted_style_request(!s.path_style)
-        .with_retry(RetryConfig {
-            backoff: BackoffConfig { init_backoff: Duration::from_millis(100), max_backoff: Duration::from_secs(5), base: 2.0 },
-            max_retries: 15,
-            retry_timeout: Duration::from_secs(60),
-        })
+        .with_retry(super::stores::retry())
         .with_client_options(ClientOptions::new().with_connect_timeout(Duration::from_secs(5)).with_timeout(Duration::from_secs(60)));
     if let Some(e) = &s.endpoint {
         builder = builder.with_endpoint(e).with_allow_http(e.starts_with("http://"));

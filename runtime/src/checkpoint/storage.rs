@@ -60,20 +60,13 @@ impl Location {
                 let path = url.to_file_path().map_err(|_| bad("not a local file URL".into()))?;
                 return Self::parse(&path.display().to_string(), create);
             }
-            if url.scheme() != "s3" {
-                return Err(bad(format!(
-                    "unsupported storage scheme {}://: expected a path, file:///PATH or s3://BUCKET/PREFIX",
-                    url.scheme()
-                )));
+            // The URL's shape first: a location that names a user or a query
+            // is refused before anything could repeat it in a message.
+            if let Some(Err(e)) = weir_api::object_store_url::object_store_kind(text) {
+                return Err(bad(format!("{e}; or a path or file:///PATH")));
             }
-            if url.host_str().is_none_or(str::is_empty) {
-                return Err(bad("no bucket: expected s3://BUCKET/PREFIX".into()));
-            }
-            if !url.username().is_empty() || url.password().is_some() || url.query().is_some() {
-                // Credentials in a URL would end up in every message that names it.
-                return Err(bad("expected s3://BUCKET/PREFIX without user, password or query; credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, web identity)".into()));
-            }
-            let store = super::s3::store(&url).map_err(|e| bad(format!("cannot use this S3 location: {e}")))?;
+            let store = super::stores::open(&url).map_err(|e| bad(format!("cannot use this location: {e}")))?;
+            let store: Arc<dyn ObjectStore> = store;
             let prefix = Path::from_url_path(url.path()).map_err(|e| bad(format!("not a valid object path: {e}")))?;
             return Ok(Location { store, prefix, display: text.trim_end_matches('/').into(), local: None });
         }

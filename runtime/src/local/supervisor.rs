@@ -110,7 +110,7 @@ pub async fn run(opts: RunOptions) -> Result<RunSummary> {
     }
     // Output in S3 has no kernel lock; the state's lease below covers the
     // usual case (one job, one state, one output).
-    for f in spec.graph().sinks.iter().filter_map(|n| n.spec.clone().file()).filter(|f| !f.is_s3()) {
+    for f in spec.graph().sinks.iter().filter_map(|n| n.spec.clone().file()).filter(|f| !f.in_object_store()) {
         let out = base_dir.join(&f.path);
         std::fs::create_dir_all(&out).map_err(Error::io(format!("file sink: cannot create {}", out.display())))?;
         locks.push(RunLock::acquire(&out.join(format!(".weir-{}.lock", spec.name)), "output directory", &holder)?);

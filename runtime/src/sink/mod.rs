@@ -7,7 +7,8 @@
 //! not know about barriers or the coordinator.
 //!
 //! The file sink has two homes: a directory (`file.rs`: in-progress files
-//! renamed at commit) and S3 (`s3_file.rs`: hidden objects staged at the
+//! renamed at commit) and an object store: S3, Azure Blob Storage or
+//! Google Cloud Storage (`object_file.rs`: hidden objects staged at the
 //! barrier, copied to their final names at commit). Both keep what is pending in the same [`SinkState`], so a
 //! checkpoint does not care which one wrote it.
 //!
@@ -24,7 +25,7 @@
 mod file;
 mod kafka;
 mod postgres;
-mod s3_file;
+mod object_file;
 
 use std::collections::HashSet;
 use std::io::Write;
@@ -44,7 +45,7 @@ pub use file::{FileSink, PendingFile};
 pub use kafka::KafkaLogEntry;
 pub use postgres::LogEntry;
 pub(crate) use postgres::{connect_to as connect_to_postgres, failed as postgres_failed, quote_ident};
-pub use s3_file::S3FileSink;
+pub use object_file::ObjectFileSink;
 
 /// Where a sink keeps what checkpoint storage holds for it: the PostgreSQL
 /// sink's write-ahead log, under the job's directory.
@@ -102,7 +103,7 @@ pub struct PendingTransaction {
 
 pub enum SinkWriter {
     File(FileSink),
-    S3File(S3FileSink),
+    ObjectFile(ObjectFileSink),
     PostgresTwoPhase(postgres::TwoPhaseCommit),
     PostgresUpsert(postgres::Upsert),
     PostgresWriteAhead(postgres::WriteAheadLog),
@@ -168,8 +169,8 @@ pub enum RunEnd {
 pub async fn clean_up_after_end(spec: &SinkSpec, scope: &SinkScope, job: &str, run_id: &str, end: RunEnd, keep: &HashSet<String>, base_dir: &Path, storage: &CheckpointStorage) -> Result<()> {
     let log = storage.dir(&scope.log_dir());
     match spec {
-        SinkSpec::File(f) if f.is_s3() => {
-            s3_file::discard_unreferenced(&s3_file::Output::open(&f.path)?, job, run_id, keep, Some(&storage.claimed_runs().await?)).await
+        SinkSpec::File(f) if f.in_object_store() => {
+            object_file::discard_unreferenced(&object_file::Output::open(&f.path)?, job, run_id, keep, Some(&storage.claimed_runs().await?)).await
         }
         SinkSpec::File(f) => file::discard_unreferenced(&base_dir.join(&f.path), job, run_id, keep, Some(&storage.claimed_runs().await?)),
         SinkSpec::Postgres(p) if p.mode == PostgresMode::TwoPhaseCommit => postgres::discard_unreferenced(p, &scope.external(job, storage).await?, run_id, keep).await,
@@ -345,7 +346,7 @@ impl SinkWriter {
                 SinkWriter::KafkaExactlyOnce(kafka::Transactional::open(k, schema, &external, subtask, run_id, (log, ids), restore).await?)
             }
             SinkSpec::Kafka(k) => SinkWriter::KafkaAtLeastOnce(kafka::AtLeastOnce::open(k, schema, job, subtask).await?),
-            SinkSpec::File(f) if f.is_s3() => SinkWriter::S3File(S3FileSink::open(f, job, subtask, run_id, restore).await?),
+            SinkSpec::File(f) if f.in_object_store() => SinkWriter::ObjectFile(ObjectFileSink::open(f, job, subtask, run_id, restore).await?),
             SinkSpec::File(f) => SinkWriter::File(FileSink::open(f, job, subtask, run_id, restore, base_dir)?),
             SinkSpec::Stdout(_) => SinkWriter::Stdout,
             SinkSpec::Blackhole(_) => SinkWriter::Blackhole,
@@ -355,7 +356,7 @@ impl SinkWriter {
     pub async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
         match self {
             SinkWriter::File(f) => f.write(batch),
-            SinkWriter::S3File(f) => f.write(batch).await,
+            SinkWriter::ObjectFile(f) => f.write(batch).await,
             SinkWriter::PostgresTwoPhase(p) => p.write(batch).await,
             SinkWriter::PostgresUpsert(p) => p.write(batch).await,
             SinkWriter::PostgresWriteAhead(p) => {
@@ -376,7 +377,7 @@ impl SinkWriter {
     pub async fn pre_commit(&mut self, checkpoint_id: u64) -> Result<Option<SinkState>> {
         match self {
             SinkWriter::File(f) => f.pre_commit(checkpoint_id).map(Some),
-            SinkWriter::S3File(f) => f.pre_commit(checkpoint_id).await.map(Some),
+            SinkWriter::ObjectFile(f) => f.pre_commit(checkpoint_id).await.map(Some),
             SinkWriter::PostgresTwoPhase(p) => p.pre_commit(checkpoint_id).await.map(Some),
             // Every upsert committed when it was written.
             SinkWriter::PostgresUpsert(_) => Ok(None),
@@ -434,7 +435,7 @@ impl SinkWriter {
     pub async fn commit(&mut self, checkpoint_id: u64) -> Result<()> {
         match self {
             SinkWriter::File(f) => f.commit(checkpoint_id),
-            SinkWriter::S3File(f) => f.commit(checkpoint_id).await,
+            SinkWriter::ObjectFile(f) => f.commit(checkpoint_id).await,
             SinkWriter::PostgresTwoPhase(p) => p.commit(checkpoint_id).await,
             SinkWriter::PostgresWriteAhead(p) => p.commit(checkpoint_id).await,
             SinkWriter::KafkaExactlyOnce(k) => k.commit(checkpoint_id).await,

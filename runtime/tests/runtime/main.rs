@@ -7,6 +7,7 @@
 
 mod common;
 
+mod azure_storage;
 mod bad_input;
 mod exactly_once;
 mod graphs;

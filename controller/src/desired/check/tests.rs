@@ -58,6 +58,19 @@ fn object_storage_and_a_sink_without_files_need_no_volume() {
 }
 
 #[test]
+fn azure_and_google_storage_and_output_need_no_volume() {
+    for (storage, output) in [("az://container/cp", "az://container/out"), ("gs://bucket/cp", "gs://bucket/out"), ("abfss://c@acct.dfs.core.windows.net/cp", "s3://b/out")] {
+        let job = bare()
+            .spec(|s| {
+                s.checkpoint.storage = storage.into();
+                s.pipeline.0["sink"]["file"]["path"] = json!(output);
+            })
+            .build();
+        assert_eq!(checked(&job), Ok(()), "{storage} with output in {output}");
+    }
+}
+
+#[test]
 fn an_empty_dir_a_read_only_mount_or_a_nested_empty_dir_does_not_count() {
     let on = |volume: serde_json::Value, mounts: serde_json::Value| {
         JobBuilder::new("j")

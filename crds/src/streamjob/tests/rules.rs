@@ -70,11 +70,12 @@ fn cel_refuses_a_changed_max_parallelism_on_update() {
 
 #[test]
 fn cel_refuses_storage_without_a_known_scheme() {
-    for storage in ["gs://bucket/x", "relative/dir", "file://relative", "s3://"] {
+    for storage in ["hdfs://nn/x", "relative/dir", "file://relative", "s3://", "gs://key:secret@bucket/x", "az://c/x?sig=1", "abfs://c@evil.example.com/x"] {
         let bad = with(minimal(), "/spec/checkpoint/storage", json!(storage));
         cel_refuses(&bad, None, STORAGE_URI_MESSAGE);
     }
-    for storage in ["/abs", "file:///abs", "s3://bucket/prefix"] {
+    for storage in ["/abs", "file:///abs", "s3://bucket/prefix", "gs://bucket/a/b", "az://container", "abfss://c@account.dfs.core.windows.net/x"] {
+        assert!(storage.starts_with("file://") || crate::object_store_url::object_store_kind(storage).is_none_or(|k| k.is_ok()), "the runtime would refuse {storage}");
         let good = with(minimal(), "/spec/checkpoint/storage", json!(storage));
         assert_eq!(cel(&good, None), Ok(()), "{storage}");
     }

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod azurite;
 pub mod kafka;
 pub mod minio;
 pub mod postgres;
@@ -29,6 +30,10 @@ pub struct Job {
     /// The file sink's output when it is in S3 (see [`Job::output_on_s3`]):
     /// the bucket and the key prefix.
     pub s3_output: Option<(minio::Bucket, String)>,
+    /// The Azurite container of an `az://` state (see [`Job::on_azure`]).
+    pub az: Option<azurite::Container>,
+    /// The file sink's output when it is in Azure (see [`Job::output_on_azure`]).
+    pub az_output: Option<(azurite::Container, String)>,
     /// The sink's table when it writes to PostgreSQL (see
     /// [`Job::output_to_postgres`]): the server's port and the table.
     pub pg_output: Option<(u16, String)>,
@@ -55,7 +60,7 @@ impl Job {
             dir.disable_cleanup(true);
             println!("WEIR_TEST_KEEP: the job's directory {} stays", dir.path().display());
         }
-        let job = Job { dir, events, keys, state: "state".into(), env: Vec::new(), s3: None, s3_output: None, pg_output: None, kafka_output: None };
+        let job = Job { dir, events, keys, state: "state".into(), env: Vec::new(), s3: None, s3_output: None, az: None, az_output: None, pg_output: None, kafka_output: None };
         job.write_pipeline(yaml);
         job
     }
@@ -80,6 +85,29 @@ impl Job {
             self.env = bucket.env();
         }
         self.s3_output = Some((bucket.clone(), prefix));
+        self
+    }
+
+    /// Keeps this job's checkpoints and savepoints in an Azure `container`
+    /// (under a prefix of its own) instead of on local disk.
+    pub fn on_azure(mut self, container: &azurite::Container) -> Job {
+        self.state = container.url(&format!("state-{}", rand_suffix()));
+        self.env = container.env();
+        self.az = Some(container.clone());
+        self
+    }
+
+    /// Writes the file sink's output to an Azure `container` (under a prefix
+    /// of its own) instead of `out/eo`: the sink path becomes `az://…`.
+    pub fn output_on_azure(mut self, container: &azurite::Container) -> Job {
+        let prefix = format!("out-{}/eo", rand_suffix());
+        let yaml = std::fs::read_to_string(self.path("pipeline.yaml")).unwrap();
+        assert!(yaml.contains("path: out/eo\n"), "the pipeline's sink does not write to out/eo");
+        self.write_pipeline(&yaml.replace("path: out/eo\n", &format!("path: {}\n", container.url(&prefix))));
+        if self.env.is_empty() {
+            self.env = container.env();
+        }
+        self.az_output = Some((container.clone(), prefix));
         self
     }
 
@@ -153,10 +181,22 @@ impl Job {
         }
     }
 
-    /// The keys of every object under the S3 output's prefix (markers included).
+    /// The keys of every object under the output's prefix in S3 or Azure (markers included).
     pub fn output_keys(&self) -> Vec<String> {
-        let (bucket, prefix) = self.s3_output.as_ref().expect("the output is in S3");
+        if let Some((container, prefix)) = &self.az_output {
+            return container.list(&format!("{prefix}/"));
+        }
+        let (bucket, prefix) = self.s3_output.as_ref().expect("the output is in an object store");
         bucket.list(&format!("{prefix}/"))
+    }
+
+    /// The object at `key` of the output's store.
+    fn output_object(&self, key: &str) -> Option<String> {
+        match (&self.az_output, &self.s3_output) {
+            (Some((container, _)), _) => container.get(key),
+            (None, Some((bucket, _))) => bucket.get(key),
+            (None, None) => panic!("the output is not in an object store"),
+        }
     }
 
     /// The multipart uploads still open under the S3 output's prefix.
@@ -255,9 +295,10 @@ impl Job {
 
     /// The pids of the current run's workers, once they are up.
     pub fn worker_pids(&self) -> Option<(Vec<u32>, String)> {
-        let text = match &self.s3 {
-            Some(bucket) => bucket.get(&format!("{}/eo-test/run.json", bucket.key_of(&self.state)))?,
-            None => std::fs::read_to_string(self.path("state/eo-test/run.json")).ok()?,
+        let text = match (&self.s3, &self.az) {
+            (Some(bucket), _) => bucket.get(&format!("{}/eo-test/run.json", bucket.key_of(&self.state)))?,
+            (None, Some(container)) => container.get(&format!("{}/eo-test/run.json", container.key_of(&self.state)))?,
+            (None, None) => std::fs::read_to_string(self.path("state/eo-test/run.json")).ok()?,
         };
         let v: serde_json::Value = serde_json::from_str(&text).ok()?;
         let pids = v["worker_pids"].as_array()?.iter().filter_map(|p| p.as_u64().map(|p| p as u32)).collect();
@@ -273,12 +314,12 @@ impl Job {
             return broker.committed_records(topic);
         }
         let mut out = Vec::new();
-        if let Some((bucket, _)) = &self.s3_output {
+        if self.s3_output.is_some() || self.az_output.is_some() {
             for key in self.output_keys() {
                 if key.rsplit('/').next().is_some_and(|name| name.starts_with('.')) {
                     continue;
                 }
-                let text = bucket.get(&key).unwrap_or_else(|| panic!("{key} was listed but cannot be read"));
+                let text = self.output_object(&key).unwrap_or_else(|| panic!("{key} was listed but cannot be read"));
                 for line in text.lines() {
                     out.push(serde_json::from_str(line).unwrap_or_else(|err| panic!("bad line {line:?} in {key}: {err}")));
                 }

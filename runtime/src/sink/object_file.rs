@@ -1,5 +1,9 @@
-//! The file sink in S3 (`s3://BUCKET/PREFIX`), exactly-once by two-phase
-//! commit over staged objects.
+//! The file sink in an object store (`s3://BUCKET/PREFIX`,
+//! `az://CONTAINER/PREFIX`, `gs://BUCKET/PREFIX`), exactly-once by
+//! two-phase commit over staged objects. What follows says S3; Azure's
+//! block blobs (uncommitted blocks, then a block list) and Google's XML
+//! multipart uploads are the same protocol under other names, and
+//! `object_store` speaks each.
 //!
 //! S3 has no rename, so the directory sink's in-progress file becomes a
 //! multipart upload of a hidden staging object `.<final name>.staged`:
@@ -23,7 +27,7 @@
 //! records are lost. A copy cut off half-way leaves its source whole and
 //! is simply done again. The price is one server-side copy of every file.
 //!
-//! S3 cannot list a prefix's open uploads through `object_store`, so each
+//! No store lists a prefix's open uploads through `object_store`, so each
 //! upload has a marker object `.<final name>.upload` holding its id, written
 //! right after the upload is created and deleted once the file is
 //! committed. The markers play the part of the directory sink's
@@ -31,7 +35,9 @@
 //! objects of markers no retained snapshot references, and a snapshot's
 //! `keep` set names markers. An upload created just before a crash, whose
 //! marker was never written, is left to the bucket's lifecycle rule
-//! (`AbortIncompleteMultipartUpload`; see the README).
+//! (`AbortIncompleteMultipartUpload`; see the README). Azure has no upload
+//! to abort: its uncommitted blocks expire on their own within a week, and
+//! its upload ids are empty.
 //!
 //! Names carry the run id, as in the directory sink, so no run ever writes
 //! another's objects; a fenced (superseded) run never receives a completion.
@@ -40,18 +46,18 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
-use object_store::aws::AmazonS3;
-use object_store::multipart::{MultipartStore, PartId};
+use object_store::multipart::PartId;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::{ObjectStoreExt, PutPayload};
 use weir_api::{FileSinkSpec, Guarantee};
 
 use super::file::PendingFile;
 use super::SinkState;
 use super::SinkRestore;
+use crate::checkpoint::stores::StagingStore;
 use crate::error::{Error, Result};
 
-/// S3's smallest part (but the last). Bigger parts mean fewer requests and
+/// S3's smallest part (but the last; also Google's). Bigger parts mean fewer requests and
 /// more memory: one buffer of this size per sink subtask.
 const PART_SIZE: usize = 5 << 20;
 /// Parts uploading at once per file beyond the one being filled: the sink
@@ -75,7 +81,7 @@ fn marker_name(final_name: &str) -> String {
 
 /// The bucket and prefix the sink writes to.
 pub(crate) struct Output {
-    store: Arc<AmazonS3>,
+    store: Arc<dyn StagingStore>,
     prefix: Path,
     display: String,
 }
@@ -84,9 +90,9 @@ impl Output {
     pub(crate) fn open(url: &str) -> Result<Output> {
         let bad = |m: String| Error::Fatal(format!("file sink path {url:?}: {m}"));
         let parsed = url::Url::parse(url).map_err(|e| bad(format!("not a valid URL: {e}")))?;
-        let store = crate::checkpoint::s3::amazon_s3(&parsed).map_err(|e| bad(format!("cannot use this S3 location: {e}")))?;
+        let store = crate::checkpoint::stores::open(&parsed).map_err(|e| bad(format!("cannot use this location: {e}")))?;
         let prefix = Path::from_url_path(parsed.path()).map_err(|e| bad(format!("not a valid object path: {e}")))?;
-        Ok(Output { store: Arc::new(store), prefix, display: url.trim_end_matches('/').to_string() })
+        Ok(Output { store, prefix, display: url.trim_end_matches('/').to_string() })
     }
 
     fn path(&self, name: &str) -> Path {
@@ -98,7 +104,9 @@ impl Output {
     fn error(&self, doing: String, e: object_store::Error) -> Error {
         let text = e.to_string();
         let refused = matches!(e, object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. })
-            || ["NoSuchBucket", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied"].iter().any(|c| text.contains(c));
+            || ["NoSuchBucket", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ContainerNotFound", "AuthenticationFailed", "AuthorizationFailure"]
+                .iter()
+                .any(|c| text.contains(c));
         if refused {
             Error::Fatal(format!("file sink {}: {doing}: {e}", self.display))
         } else {
@@ -122,7 +130,7 @@ struct Upload {
     bytes: u64,
 }
 
-pub struct S3FileSink {
+pub struct ObjectFileSink {
     out: Output,
     job: String,
     subtask: u32,
@@ -136,9 +144,9 @@ pub struct S3FileSink {
     pending: Vec<PendingFile>,
 }
 
-impl S3FileSink {
+impl ObjectFileSink {
     pub async fn open(spec: &FileSinkSpec, job: &str, subtask: u32, run_id: &str, restore: SinkRestore<'_>) -> Result<Self> {
-        let sink = S3FileSink {
+        let sink = ObjectFileSink {
             out: Output::open(&spec.path)?,
             job: job.to_string(),
             subtask,
@@ -307,7 +315,7 @@ impl S3FileSink {
     async fn commit_staged(&self, p: &PendingFile) -> Result<()> {
         let Some(staged) = &p.staged else {
             return Err(Error::Fatal(format!(
-                "file sink {}: the checkpoint's pending file {} was written to a directory, not to S3; was the sink's path changed from a directory to s3://? Restore a snapshot taken with this path, or start without one",
+                "file sink {}: the checkpoint's pending file {} was written to a directory, not to an object store; was the sink's path changed from a directory to a URL? Restore a snapshot taken with this path, or start without one",
                 self.out.display, p.final_name
             )));
         };
