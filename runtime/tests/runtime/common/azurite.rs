@@ -10,13 +10,15 @@
 //! by a request signed here, since no store client creates containers.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use object_store::azure::{MicrosoftAzure, MicrosoftAzureBuilder};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
+
+use super::server_process::ServerProcess;
 
 /// Azurite's one account and its well-known key (public: Azurite's documentation prints it).
 pub const ACCOUNT: &str = "devstoreaccount1";
@@ -44,71 +46,26 @@ fn binary() -> PathBuf {
     })
 }
 
-struct Process {
-    child: Option<Child>,
-    port: u16,
-    data: tempfile::TempDir,
-}
-
-impl Process {
-    fn spawn(&mut self) -> Result<(), String> {
-        let child = Command::new(binary())
-            .args(["--blobHost", "127.0.0.1", "--blobPort", &self.port.to_string(), "--silent", "--skipApiVersionCheck", "--location"])
-            .arg(self.data.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starting azurite-blob");
-        self.child = Some(child);
-        let start = Instant::now();
-        loop {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                self.child = None;
-                return Err(format!("Azurite on port {} exited ({status}); was the port taken?", self.port));
-            }
-            let up = std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok();
-            if up && self.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_none()) {
-                return Ok(());
-            }
-            assert!(start.elapsed() < Duration::from_secs(60), "Azurite did not listen on port {} within 60 s", self.port);
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        self.stop();
-    }
+/// Starts Azurite on `p.port` and waits until it listens.
+fn spawn(p: &mut ServerProcess) -> Result<(), String> {
+    let mut command = Command::new(binary());
+    command
+        .args(["--blobHost", "127.0.0.1", "--blobPort", &p.port.to_string(), "--silent", "--skipApiVersionCheck", "--location"])
+        .arg(p.data.path());
+    p.run_until_ready(command, "Azurite", |port| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok())
 }
 
 /// A running Azurite.
 #[derive(Clone)]
 pub struct Server {
-    process: Arc<Mutex<Process>>,
+    process: Arc<Mutex<ServerProcess>>,
     /// The account's blob endpoint, `http://127.0.0.1:PORT/devstoreaccount1`.
     pub endpoint: String,
 }
 
 impl Server {
     pub fn start() -> Server {
-        let mut process = Process { child: None, port: 0, data: tempfile::tempdir().unwrap() };
-        for attempt in 1.. {
-            process.port = super::free_port();
-            match process.spawn() {
-                Ok(()) => break,
-                Err(e) if attempt < 5 => eprintln!("{e}; trying another port"),
-                Err(e) => panic!("{e}"),
-            }
-        }
+        let process = ServerProcess::start(spawn);
         let endpoint = format!("http://127.0.0.1:{}/{ACCOUNT}", process.port);
         Server { process: Arc::new(Mutex::new(process)), endpoint }
     }

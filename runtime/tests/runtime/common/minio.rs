@@ -5,9 +5,10 @@
 //! user would with any S3 client; weir talks to it through object_store.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+
+use super::server_process::ServerProcess;
 
 pub const ACCESS_KEY: &str = "weir-test";
 pub const SECRET_KEY: &str = "weir-test-secret-9f3c";
@@ -37,103 +38,57 @@ fn binary() -> PathBuf {
     })
 }
 
-struct Process {
-    child: Option<Child>,
-    port: u16,
-    data: tempfile::TempDir,
+/// Starts MinIO on `p.port` and waits until it answers as ours.
+fn spawn(p: &mut ServerProcess) -> Result<(), String> {
+    let mut command = Command::new(binary());
+    command
+        .args(["server", "--quiet", "--address"])
+        .arg(format!("127.0.0.1:{}", p.port))
+        .arg(p.data.path())
+        .env("MINIO_ROOT_USER", ACCESS_KEY)
+        .env("MINIO_ROOT_PASSWORD", SECRET_KEY)
+        .env("MINIO_BROWSER", "off")
+        .env("MINIO_UPDATE", "off");
+    p.run_until_ready(command, "MinIO", |port| {
+        Command::new("curl")
+            .args(["-sf", "-o", "/dev/null"])
+            .arg(format!("http://127.0.0.1:{port}/minio/health/ready"))
+            .status()
+            .is_ok_and(|s| s.success())
+    })?;
+    check_identity(p)
 }
 
-impl Process {
-    /// Starts the server and waits until it answers; an error if the
-    /// process exited instead (its port taken).
-    fn spawn(&mut self) -> Result<(), String> {
-        let child = Command::new(binary())
-            .args(["server", "--quiet", "--address"])
-            .arg(format!("127.0.0.1:{}", self.port))
-            .arg(self.data.path())
-            .env("MINIO_ROOT_USER", ACCESS_KEY)
-            .env("MINIO_ROOT_PASSWORD", SECRET_KEY)
-            .env("MINIO_BROWSER", "off")
-            .env("MINIO_UPDATE", "off")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starting minio");
-        self.child = Some(child);
-        let start = Instant::now();
-        loop {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                self.child = None;
-                return Err(format!("MinIO on port {} exited ({status}); was the port taken?", self.port));
-            }
-            let ready = Command::new("curl")
-                .args(["-sf", "-o", "/dev/null"])
-                .arg(format!("http://127.0.0.1:{}/minio/health/ready", self.port))
-                .status()
-                .is_ok_and(|s| s.success());
-            // Ours answered only if it is still alive (another server may hold the port).
-            if ready && self.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_none()) {
-                return self.check_identity();
-            }
-            assert!(start.elapsed() < Duration::from_secs(60), "MinIO did not become ready on port {} within 60 s", self.port);
-            std::thread::sleep(Duration::from_millis(100));
-        }
+/// Whether the server answering on our port is ours: a bucket created
+/// through it must appear in our data directory. A server that is
+/// alive but still waiting for the port (another test's server holds
+/// it) would otherwise pass the health check with the other's answer
+/// (seen: a job that found no bucket at its first request).
+fn check_identity(p: &mut ServerProcess) -> Result<(), String> {
+    let probe = format!("identity-{:08x}", rand::random::<u32>());
+    let endpoint = format!("http://127.0.0.1:{}", p.port);
+    let made = curl(&endpoint, &["-f", "-X", "PUT"], &format!("/{probe}")).status.success();
+    let ours = made && p.data.path().join(&probe).is_dir();
+    let _ = curl(&endpoint, &["-X", "DELETE"], &format!("/{probe}"));
+    if ours {
+        return Ok(());
     }
-
-    /// Whether the server answering on our port is ours: a bucket created
-    /// through it must appear in our data directory. A server that is
-    /// alive but still waiting for the port (another test's server holds
-    /// it) would otherwise pass the health check with the other's answer
-    /// (seen: a job that found no bucket at its first request).
-    fn check_identity(&mut self) -> Result<(), String> {
-        let probe = format!("identity-{:08x}", rand::random::<u32>());
-        let endpoint = format!("http://127.0.0.1:{}", self.port);
-        let made = curl(&endpoint, &["-f", "-X", "PUT"], &format!("/{probe}")).status.success();
-        let ours = made && self.data.path().join(&probe).is_dir();
-        let _ = curl(&endpoint, &["-X", "DELETE"], &format!("/{probe}"));
-        if ours {
-            return Ok(());
-        }
-        self.stop();
-        Err(format!("the server answering on port {} is not ours (its bucket is not in our data directory)", self.port))
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        self.stop();
-    }
+    p.stop();
+    Err(format!("the server answering on port {} is not ours (its bucket is not in our data directory)", p.port))
 }
 
 /// A running MinIO.
 #[derive(Clone)]
 pub struct Server {
-    process: Arc<Mutex<Process>>,
+    process: Arc<Mutex<ServerProcess>>,
     pub endpoint: String,
 }
 
 impl Server {
     pub fn start() -> Server {
-        let data = tempfile::tempdir().unwrap();
-        let mut process = Process { child: None, port: 0, data };
-        for attempt in 1.. {
-            process.port = super::free_port();
-            match process.spawn() {
-                Ok(()) => break,
-                Err(e) if attempt < 5 => eprintln!("{e}; trying another port"),
-                Err(e) => panic!("{e}"),
-            }
-        }
-        let port = process.port;
-        Server { process: Arc::new(Mutex::new(process)), endpoint: format!("http://127.0.0.1:{port}") }
+        let process = ServerProcess::start(spawn);
+        let endpoint = format!("http://127.0.0.1:{}", process.port);
+        Server { process: Arc::new(Mutex::new(process)), endpoint }
     }
 
     /// Stops the server (SIGKILL: what a crash or a lost node looks like to clients).
@@ -145,7 +100,7 @@ impl Server {
     pub fn restart(&self) {
         let mut p = self.process.lock().unwrap();
         p.stop();
-        if let Err(e) = p.spawn() {
+        if let Err(e) = spawn(&mut p) {
             panic!("restarting: {e}");
         }
     }

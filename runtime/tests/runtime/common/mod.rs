@@ -7,6 +7,7 @@ pub mod azurite;
 pub mod kafka;
 pub mod minio;
 pub mod postgres;
+pub mod server_process;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
