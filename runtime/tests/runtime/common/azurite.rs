@@ -26,24 +26,7 @@ pub const KEY: &str = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz
 
 /// `azurite-blob`: `$WEIR_AZURITE`, else the newest under the build cache.
 fn binary() -> PathBuf {
-    if let Some(p) = std::env::var_os("WEIR_AZURITE") {
-        return p.into();
-    }
-    let cache = std::env::var_os("WEIR_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/weir"));
-    let mut found: Vec<PathBuf> = std::fs::read_dir(cache.join("npm"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("azurite-"))
-        .map(|e| e.path().join("node_modules/.bin/azurite-blob"))
-        .filter(|p| p.exists())
-        .collect();
-    found.sort();
-    found.pop().unwrap_or_else(|| {
-        panic!("no Azurite under {}/npm/azurite-*: install it with `scripts/install-azurite` (scripts/test does), or set WEIR_AZURITE", cache.display())
-    })
+    super::server_process::cached_program("WEIR_AZURITE", "npm", "azurite-", "node_modules/.bin/azurite-blob", "scripts/install-azurite")
 }
 
 /// Starts Azurite on `p.port` and waits until it listens.

@@ -15,27 +15,7 @@ pub const SECRET_KEY: &str = "weir-test-secret-9f3c";
 
 /// The MinIO binary: `$WEIR_MINIO`, else the newest under the build cache.
 fn binary() -> PathBuf {
-    if let Some(p) = std::env::var_os("WEIR_MINIO") {
-        return p.into();
-    }
-    let cache = std::env::var_os("WEIR_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/weir"));
-    let mut found: Vec<PathBuf> = std::fs::read_dir(cache.join("k8s"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("minio-"))
-        .map(|e| e.path().join("bin/minio"))
-        .filter(|p| p.exists())
-        .collect();
-    found.sort();
-    found.pop().unwrap_or_else(|| {
-        panic!(
-            "no MinIO binary under {}/k8s/minio-*/bin: build it with `e2e/build-binaries minio` (scripts/test does), or set WEIR_MINIO",
-            cache.display()
-        )
-    })
+    super::server_process::cached_program("WEIR_MINIO", "k8s", "minio-", "bin/minio", "e2e/build-binaries minio")
 }
 
 /// Starts MinIO on `p.port` and waits until it answers as ours.

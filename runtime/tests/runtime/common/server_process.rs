@@ -2,8 +2,34 @@
 //! loopback port with its data in a temporary directory, killed when the
 //! test's last handle to it is dropped.
 
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// A server's program: `$variable` when set, else the newest
+/// `<cache>/<dir>/<prefix>*/<path>` of the build cache (`$WEIR_CACHE`,
+/// default ~/.cache/weir), where the project's scripts install it; the
+/// panic says which script (`install`) to run.
+pub fn cached_program(variable: &str, dir: &str, prefix: &str, path: &str, install: &str) -> PathBuf {
+    if let Some(p) = std::env::var_os(variable) {
+        return p.into();
+    }
+    let cache = std::env::var_os("WEIR_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/weir"));
+    let mut found: Vec<PathBuf> = std::fs::read_dir(cache.join(dir))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
+        .map(|e| e.path().join(path))
+        .filter(|p| p.exists())
+        .collect();
+    found.sort();
+    found.pop().unwrap_or_else(|| {
+        panic!("no {path} under {}/{dir}/{prefix}*: install it with `{install}` (scripts/test does), or set {variable}", cache.display())
+    })
+}
 
 pub struct ServerProcess {
     child: Option<Child>,
