@@ -162,19 +162,28 @@ fn a_restore_of_a_worker_hosting_several_sink_subtasks_takes_seconds_not_the_tra
 
 /// Kafka to Kafka with one crash at `point` of checkpoint 3.
 fn kafka_to_kafka_crash_at(point: &str) {
-    let job = Job::counting(2, 30_000, 40, 0, "200ms").input_from_kafka(3, 2_500).output_to_kafka("exactly-once");
-    let marker = job.path("fault-fired");
-    // Checkpoint 3 or the first after it that reaches the point: on a
-    // loaded broker checkpoints slow down, and a final checkpoint with no
-    // records in its interval passes `after-marker` by (seen in CI: 3
-    // checkpoints in 15 s, the fault never fired).
-    let out = job.command(&[]).env("WEIR_FAULT", format!("{point}@3+")).env("WEIR_FAULT_ONCE", &marker).output().unwrap();
-    assert!(out.status.success(), "crash at {point}: {}", stderr(&out));
-    assert!(marker.exists(), "the fault at {point} never fired:\n{}", stderr(&out));
-    assert!(stderr(&out).contains("restarting"), "crash at {point}: no restart was reported:\n{}", stderr(&out));
-    job.assert_exactly_once();
-    assert_sink_log_empty(&job);
-    job.assert_no_open_transaction();
+    // Checkpoint 3 or the first after it that reaches the point. On a
+    // broker still loading its transaction coordinator checkpoints slow
+    // down, and a final checkpoint with no records in its interval passes
+    // `after-marker` by (seen in CI: 3 checkpoints in 29 s, the fault never
+    // fired). A run the fault missed proves nothing about the crash, so it
+    // is checked and then tried again with a new job, three times at most.
+    for attempt in 1..=3 {
+        let job = Job::counting(2, 30_000, 40, 0, "200ms").input_from_kafka(3, 2_500).output_to_kafka("exactly-once");
+        let marker = job.path("fault-fired");
+        let out = job.command(&[]).env("WEIR_FAULT", format!("{point}@3+")).env("WEIR_FAULT_ONCE", &marker).output().unwrap();
+        assert!(out.status.success(), "crash at {point}: {}", stderr(&out));
+        job.assert_exactly_once();
+        if !marker.exists() {
+            assert!(attempt < 3, "the fault at {point} never fired in 3 runs; the last:\n{}", stderr(&out));
+            eprintln!("the fault at {point} never fired (attempt {attempt}); trying again:\n{}", stderr(&out));
+            continue;
+        }
+        assert!(stderr(&out).contains("restarting"), "crash at {point}: no restart was reported:\n{}", stderr(&out));
+        assert_sink_log_empty(&job);
+        job.assert_no_open_transaction();
+        return;
+    }
 }
 
 #[test]
