@@ -43,10 +43,8 @@ pub fn object_store_kind(location: &str) -> Option<Result<ObjectStoreKind, Strin
 /// Checks what follows `scheme://`: a bucket (or container), an optional
 /// prefix, and nothing that could carry a secret (user, password, query).
 fn check_rest(kind: ObjectStoreKind, scheme: &str, rest: &str) -> Result<(), String> {
-    let form = match kind {
-        ObjectStoreKind::Azure => format!("{scheme}://CONTAINER/PREFIX"),
-        _ => format!("{scheme}://BUCKET/PREFIX"),
-    };
+    let noun = if kind == ObjectStoreKind::Azure { "container" } else { "bucket" };
+    let form = format!("{scheme}://{}/PREFIX", noun.to_uppercase());
     if rest.contains(['?', '#']) {
         return Err(format!("expected {form} without a query or fragment; credentials come from the environment"));
     }
@@ -64,10 +62,10 @@ fn check_rest(kind: ObjectStoreKind, scheme: &str, rest: &str) -> Result<(), Str
         None => host,
     };
     if bucket.is_empty() {
-        return Err(format!("no {}: expected {form}", if kind == ObjectStoreKind::Azure { "container" } else { "bucket" }));
+        return Err(format!("no {noun}: expected {form}"));
     }
     if bucket.contains(':') || bucket.contains('.') && kind == ObjectStoreKind::Azure {
-        return Err(format!("{bucket:?} is not a {} name: expected {form}", if kind == ObjectStoreKind::Azure { "container" } else { "bucket" }));
+        return Err(format!("{bucket:?} is not a {noun} name: expected {form}"));
     }
     Ok(())
 }
