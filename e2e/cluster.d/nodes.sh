@@ -209,6 +209,10 @@ disabled_plugins = ['io.containerd.nri.v1.nri']
   snapshotter = 'overlayfs'
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
     sandbox = 'localhost/pause:$K8S_VERSION'
+  # Per-registry settings (hosts.toml), read at each pull: \`e2e/cluster
+  # registry\` adds its plain-HTTP registry there.
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    config_path = '$state/registry-hosts'
 
 [plugins.'io.containerd.cri.v1.runtime']
   # Network namespaces under the node's own state dir, so that 'down' finds

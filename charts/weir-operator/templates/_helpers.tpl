@@ -70,17 +70,22 @@ that one, in the release namespace otherwise.
 {{- end }}
 
 {{/*
-The image reference: repository:tag, the tag defaulting to appVersion.
+The image reference: repository:tag, the tag defaulting to appVersion, and
+@digest when a digest is set (the kubelet then pulls exactly that manifest;
+the tag stays for people reading the pod).
 */}}
 {{- define "weir-operator.image" -}}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- with .Values.image.digest }}@{{ . }}{{ end }}
 {{- end }}
 
 {{/*
-The default worker image: workerImage.repository:tag, the tag defaulting to appVersion.
+The default worker image: workerImage.repository:tag, the tag defaulting to
+appVersion, and @digest as for the operator image.
 */}}
 {{- define "weir-operator.workerImage" -}}
 {{- printf "%s:%s" .Values.workerImage.repository (.Values.workerImage.tag | default .Chart.AppVersion) }}
+{{- with .Values.workerImage.digest }}@{{ . }}{{ end }}
 {{- end }}
 
 {{/*
