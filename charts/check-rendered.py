@@ -7,6 +7,9 @@
   context (runAsNonRoot, runAsUser 65532, readOnlyRootFilesystem,
   allowPrivilegeEscalation false, capabilities drop ALL, seccomp RuntimeDefault);
 - no RBAC rule uses "*" (apiGroups, resources, verbs, resourceNames);
+- Secrets: no rule lets the operator list, watch, patch, update or delete
+  any, and it may get only the control key Secret its Deployment names
+  (--control-key-secret), by name, in its own namespace;
 - nothing is bound to the worker ServiceAccount and it mounts no token;
 - the operator gets a default worker image and the workers' UID, and its
   metrics address is the pod IP alone (an IPv6 pod IP takes no ":port");
@@ -270,6 +273,15 @@ def main(argv):
             if not pairs or any(pod_labels.get(k) != v for k, v in pairs.items()):
                 problems.append(f"{named(dep)}: --operator-pod-labels={labels} does not select the operator's pods {pod_labels}")
 
+    # The control key Secret the operator reads: named in its arguments, in its namespace.
+    key_secret, own_ns = None, None
+    for dep in deployments:
+        dep_args = [str(a) for c in get(dep, "spec", "template", "spec", "containers") or [] for a in c.get("args") or []]
+        key_secret = next((a.split("=", 1)[1] for a in dep_args if a.startswith("--control-key-secret=")), None)
+        own_ns = get(dep, "metadata", "namespace")
+        if not key_secret:
+            problems.append(f"{named(dep)}: no --control-key-secret")
+
     roles = [d for d in docs if d.get("kind") in ("Role", "ClusterRole")]
     if not roles:
         problems.append("no Role or ClusterRole rendered")
@@ -281,6 +293,15 @@ def main(argv):
                         problems.append(f"{named(r)} rule {n}: {field} contains {v!r}")
         if r.get("aggregationRule"):
             problems.append(f"{named(r)}: aggregationRule")
+        for n, rule in enumerate(r.get("rules") or []):
+            if "secrets" not in (rule.get("resources") or []):
+                continue
+            verbs = set(rule.get("verbs") or [])
+            names = rule.get("resourceNames") or []
+            if verbs - {"create", "get"}:
+                problems.append(f"{named(r)} rule {n}: verbs {sorted(verbs - {'create', 'get'})} on secrets (only create, and get of the control key)")
+            if "get" in verbs and (r.get("kind") != "Role" or names != [key_secret] or get(r, "metadata", "namespace") != own_ns):
+                problems.append(f"{named(r)} rule {n}: get on secrets other than the control key {own_ns}/{key_secret}")
 
     workers = [d for d in docs if d.get("kind") == "ServiceAccount" and d.get("automountServiceAccountToken") is False]
     if len(workers) != 1:

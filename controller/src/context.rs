@@ -9,6 +9,7 @@ use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 use weir_api::streamjob::StreamJob;
 
+use crate::control_key::ControlKey;
 use crate::desired::WorkerSettings;
 use crate::metrics::Metrics;
 use crate::observe::{DisposalOutcome, Rejection};
@@ -21,8 +22,8 @@ pub struct Context {
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
     pub settings: WorkerSettings,
-    /// Control tokens by StreamJob uid, read from their Secrets once.
-    pub tokens: Mutex<HashMap<String, String>>,
+    /// The key every job's control token is derived from.
+    pub control_key: ControlKey,
     /// By StreamJob uid: the resourceVersion this operator last read and then
     /// changed (finalizer or status), and the one its write produced. A
     /// reconcile that gets a version before the write decides on an object
@@ -64,7 +65,16 @@ pub struct Superseded {
 impl Context {
     pub fn new(client: Client, workers: Arc<dyn WorkerApi>, metrics: Arc<Metrics>, settings: WorkerSettings, instance: Option<String>) -> Context {
         let reporter = Reporter { controller: crate::FIELD_MANAGER.into(), instance };
-        Context { recorder: Recorder::new(client.clone(), reporter), client, workers, metrics, settings, tokens: Mutex::new(HashMap::new()), superseded: Mutex::new(HashMap::new()), pods: None, rejections: Mutex::new(HashMap::new()), upgrade_limit: None, upgrades_decided: Mutex::new(HashMap::new()), disposals: Mutex::new(HashMap::new()) }
+        Context { recorder: Recorder::new(client.clone(), reporter), client, workers, metrics, settings, control_key: ControlKey::random(), superseded: Mutex::new(HashMap::new()), pods: None, rejections: Mutex::new(HashMap::new()), upgrade_limit: None, upgrades_decided: Mutex::new(HashMap::new()), disposals: Mutex::new(HashMap::new()) }
+    }
+
+    /// Derive job tokens from `key` (the operator's, from its Secret), and
+    /// name their Secrets after it; a new context has a random key of its
+    /// own and unnamed token Secrets.
+    pub fn with_control_key(mut self, key: ControlKey) -> Context {
+        self.settings.control_key_id = Some(key.id());
+        self.control_key = key;
+        self
     }
 
     /// At most `limit` jobs of `jobs` upgrade at once.

@@ -18,6 +18,7 @@
 //! storage. It links only `weir-api` and talks to workers over HTTP.
 
 pub mod context;
+pub mod control_key;
 pub mod desired;
 pub mod error;
 pub mod lifecycle;

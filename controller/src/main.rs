@@ -42,6 +42,12 @@ struct Cli {
     /// Name of the leader Lease.
     #[arg(long, default_value = "weir-controller")]
     lease_name: String,
+    /// The Secret holding the operator's control key, in the operator's
+    /// namespace (POD_NAMESPACE, else "default"); created with a random key
+    /// if missing. Every job's control token is derived from it, so the
+    /// operator never reads the Secrets of job namespaces.
+    #[arg(long, env = "WEIR_CONTROL_KEY_SECRET", default_value = "weir-control-key")]
+    control_key_secret: String,
     /// ServiceAccount of worker pods whose StreamJob names none
     /// (default: the namespace's default account; workers never call the API).
     #[arg(long)]
@@ -89,12 +95,16 @@ async fn main() -> anyhow::Result<()> {
     });
     let version = client.apiserver_version().await.context("asking the API server for its version")?;
     info!(server = %version.git_version, namespace = cli.namespace.as_deref().unwrap_or("(all)"), "connected");
+    let own_namespace = cli.lease_namespace.clone().unwrap_or_else(|| "default".into());
+    let control_key = weir_controller::control_key::load_or_create(client.clone(), &own_namespace, &cli.control_key_secret)
+        .await
+        .context("loading the control key (--control-key-secret)")?;
     ready.store(true, Ordering::Relaxed);
 
     let mut leadership = None;
     if cli.leader_election {
         let identity = std::env::var("POD_NAME").unwrap_or_else(|_| format!("weir-controller-{}", std::process::id()));
-        let ns = cli.lease_namespace.clone().unwrap_or_else(|| "default".into());
+        let ns = own_namespace.clone();
         let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &cli.lease_name)
             .with_namespace(&ns)
             .with_identity(&identity)
@@ -141,6 +151,8 @@ async fn main() -> anyhow::Result<()> {
         default_image: cli.default_worker_image.clone().filter(|i| !i.is_empty()),
         uid: cli.worker_uid.0,
         network_policy,
+        // Set with the key, below.
+        control_key_id: None,
     };
     match &settings.default_image {
         Some(image) => info!(%image, "default worker image"),
@@ -172,7 +184,7 @@ async fn main() -> anyhow::Result<()> {
         .modify(|job| job.metadata.managed_fields = None)
         .reflect(job_writer)
         .applied_objects();
-    let mut ctx = Context::new(client.clone(), Arc::new(HttpWorkerApi::new()?), metrics, settings, instance).with_pod_cache(pod_cache);
+    let mut ctx = Context::new(client.clone(), Arc::new(HttpWorkerApi::new()?), metrics, settings, instance).with_pod_cache(pod_cache).with_control_key(control_key);
     if cli.max_concurrent_upgrades > 0 {
         info!(limit = cli.max_concurrent_upgrades, "at most this many jobs upgrade at once");
         ctx = ctx.with_upgrade_limit(cli.max_concurrent_upgrades, job_cache.clone());

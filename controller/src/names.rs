@@ -42,8 +42,16 @@ pub fn pipeline_config_map(job: &str) -> String {
     format!("{job}-pipeline")
 }
 
-pub fn token_secret(job: &str) -> String {
-    format!("{job}-control-token")
+/// The job's control token Secret, named after the operator's control key
+/// (see [`crate::control_key::ControlKey::id`]). Not `-control-token`, the
+/// name of the random tokens operators before the control key stored and
+/// read back: a job from then keeps that Secret (deleted with the job), and
+/// its next run gets this one.
+pub fn token_secret(job: &str, control_key_id: Option<&str>) -> String {
+    match control_key_id {
+        Some(id) => format!("{job}-operator-token-{id}"),
+        None => format!("{job}-operator-token"),
+    }
 }
 
 pub fn service(job: &str) -> String {

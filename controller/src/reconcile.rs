@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event as KubeEvent, EventType};
 use kube::{Resource, ResourceExt};
@@ -96,14 +96,14 @@ async fn reconcile_inner(job: &StreamJob, ctx: &Context) -> Result<Action> {
         Some(pods) => pods,
         None => list_pods(ctx, &ns, &name).await?,
     };
-    let mut observed = observe(job, ctx, &ns, pods).await?;
+    let mut observed = observe(job, ctx, pods).await?;
     let mut decision = ctx.decide(job, &mut observed);
     let old = job.status.clone().unwrap_or_default();
     if from_cache && !quiet(&decision, &old) {
         let listed = list_pods(ctx, &ns, &name).await?;
         if listed != observed.pods {
             debug!("the pod watch was behind the API server; deciding on the listed pods");
-            observed = observe(job, ctx, &ns, listed).await?;
+            observed = observe(job, ctx, listed).await?;
             decision = ctx.decide(job, &mut observed);
         }
     }
@@ -159,7 +159,7 @@ fn cached_pods(ctx: &Context, ns: &str, job: &str) -> Option<Vec<PodView>> {
     Some(pods.iter().map(|p| PodView::of(p)).collect())
 }
 
-async fn observe(job: &StreamJob, ctx: &Context, ns: &str, pods: Vec<PodView>) -> Result<Observed> {
+async fn observe(job: &StreamJob, ctx: &Context, pods: Vec<PodView>) -> Result<Observed> {
     let mut observed = Observed::at(jiff::Timestamp::now());
     observed.pods = pods;
     observed.disposals = ctx.disposals_of(job);
@@ -174,7 +174,7 @@ async fn observe(job: &StreamJob, ctx: &Context, ns: &str, pods: Vec<PodView>) -
     let RunHealth::Running { ips } = observed.health(run) else { return Ok(observed) };
     let Some(ip) = ips.first() else { return Ok(observed) };
     let api = SocketAddr::new(*ip, CONTROL_PORT);
-    let token = token(job, ctx, ns).await?;
+    let token = token(job, ctx);
     match ctx.workers.status(api, &token).await {
         Ok(s) => observed.coordinator = Some(s),
         Err(e) => {
@@ -330,7 +330,7 @@ async fn act(job: &StreamJob, ctx: &Context, ns: &str, decision: &Decision, pods
             Effect::DeleteOtherPods => delete_pods(ctx, ns, pods, decision.status.run.as_ref().map(|r| r.id.as_str())).await?,
             Effect::DeleteAllPods => delete_pods(ctx, ns, pods, None).await?,
             Effect::SendMembership { membership, workers } => {
-                let token = token(job, ctx, ns).await?;
+                let token = token(job, ctx);
                 let sent = workers.iter().map(|w| {
                     let token = &token;
                     async move {
@@ -350,7 +350,7 @@ async fn act(job: &StreamJob, ctx: &Context, ns: &str, decision: &Decision, pods
                 futures::future::join_all(sent).await;
             }
             Effect::RequestSavepoint { api, request_id, stop } => {
-                let token = token(job, ctx, ns).await?;
+                let token = token(job, ctx);
                 let request = SavepointRequest { request_id: Some(request_id.clone()), stop: *stop };
                 match ctx.workers.request_savepoint(*api, &token, &request).await {
                     Ok(o) => debug!(request = %request_id, state = ?o.state, "savepoint requested"),
@@ -359,7 +359,7 @@ async fn act(job: &StreamJob, ctx: &Context, ns: &str, decision: &Decision, pods
                 }
             }
             Effect::CancelSavepoint { api, request_id } => {
-                let token = token(job, ctx, ns).await?;
+                let token = token(job, ctx);
                 match ctx.workers.cancel_savepoint(*api, &token, request_id).await {
                     Ok(o) => info!(request = %request_id, state = ?o.map(|o| o.state), "savepoint request cancelled"),
                     // Not fatal: a job left stopped is restarted once its
@@ -368,7 +368,7 @@ async fn act(job: &StreamJob, ctx: &Context, ns: &str, decision: &Decision, pods
                 }
             }
             Effect::DisposeSavepoint { api, location } => {
-                let token = token(job, ctx, ns).await?;
+                let token = token(job, ctx);
                 match ctx.workers.dispose_savepoint(*api, &token, location).await {
                     Ok(d) => {
                         info!(savepoint = %location, existed = d.existed, "savepoint disposed of");
@@ -408,9 +408,6 @@ async fn act(job: &StreamJob, ctx: &Context, ns: &str, decision: &Decision, pods
                 ctx.metrics.forget(job);
                 if let Some(uid) = job.uid() {
                     if let Ok(mut m) = ctx.superseded.lock() {
-                        m.remove(&uid);
-                    }
-                    if let Ok(mut m) = ctx.tokens.lock() {
                         m.remove(&uid);
                     }
                     if let Ok(mut m) = ctx.rejections.lock() {
@@ -525,48 +522,23 @@ async fn delete_pods(ctx: &Context, ns: &str, listed: &[PodView], keep_run: Opti
     Ok(())
 }
 
-/// The job's control token: from the cache, its Secret, or a new Secret.
-async fn token(job: &StreamJob, ctx: &Context, ns: &str) -> Result<String> {
-    let uid = job.uid().unwrap_or_default();
-    if let Some(t) = ctx.tokens.lock().ok().and_then(|m| m.get(&uid).cloned()) {
-        return Ok(t);
-    }
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
-    let name = names::token_secret(&job.name_any());
-    let existing = secrets.get_opt(&name).await.map_err(Error::kube("reading the control token Secret"))?;
-    let token = match existing.and_then(|s| s.data).and_then(|d| d.get(names::TOKEN_KEY).cloned()) {
-        Some(bytes) => String::from_utf8_lossy(&bytes.0).into_owned(),
-        None => {
-            let token = desired::new_token();
-            apply_token_secret(job, ctx, ns, &token).await?;
-            token
-        }
-    };
-    if let Ok(mut m) = ctx.tokens.lock() {
-        m.insert(uid, token.clone());
-    }
-    Ok(token)
+/// The job's control token, derived from the operator's control key (see
+/// [`crate::control_key`]): nothing to read from the API server.
+fn token(job: &StreamJob, ctx: &Context) -> String {
+    ctx.control_key.token(&job.uid().unwrap_or_default())
 }
 
-/// Makes sure the job's token Secret exists before a run's pods need it:
-/// a token this operator already knows is applied again (someone may have
-/// deleted the Secret; the workers would never start without it).
+/// Makes sure the job's token Secret exists before a run's pods need it
+/// (someone may have deleted it; the workers would never start without
+/// it). Created, never read or changed: the operator may create Secrets
+/// but not read them, and an existing one holds the same derived token.
 async fn token_secret(job: &StreamJob, ctx: &Context, ns: &str) -> Result<()> {
-    let known = job.uid().and_then(|uid| ctx.tokens.lock().ok().and_then(|m| m.get(&uid).cloned()));
-    let Some(token) = known else {
-        // Read from the Secret, or created with it.
-        return token(job, ctx, ns).await.map(|_| ());
-    };
-    apply_token_secret(job, ctx, ns, &token).await
-}
-
-async fn apply_token_secret(job: &StreamJob, ctx: &Context, ns: &str, token: &str) -> Result<()> {
-    let secret = desired::token_secret(job, token)?;
-    Api::<Secret>::namespaced(ctx.client.clone(), ns)
-        .patch(&secret.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&secret))
-        .await
-        .map_err(Error::kube("applying the control token Secret"))?;
-    Ok(())
+    let secret = desired::token_secret(job, &token(job, ctx), &ctx.settings)?;
+    match Api::<Secret>::namespaced(ctx.client.clone(), ns).create(&PostParams::default(), &secret).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(Error::kube("creating the control token Secret")(e)),
+    }
 }
 
 /// Failed reconciles are retried soon; the error is in the log and metrics.
@@ -791,6 +763,7 @@ mod tests {
             let name = path.rsplit('/').next().unwrap_or_default().to_string();
             let (code, body) = match (method.as_str(), path.split('/').rev().nth(1)) {
                 ("GET", _) => (404, serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"})),
+                ("POST", _) if path.ends_with("/secrets") => (201, serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "j-operator-token"}})),
                 (_, Some("pods")) => (refusal["code"].as_u64().unwrap() as u16, refusal.clone()),
                 (_, Some(plural)) => {
                     let kind = match plural {

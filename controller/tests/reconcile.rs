@@ -183,13 +183,16 @@ async fn the_run_is_marked_created_in_status_then_token_pipeline_and_service_the
         expect(&mut handle, "GET", "/api/v1/namespaces/jobs/pods", 200, empty_pods()).await;
         let sent = expect(&mut handle, "PATCH", "/streamjobs/j/status", 200, serde_json::to_value(job(true, None)).unwrap()).await;
         assert_eq!(sent["status"]["run"]["podsCreated"], true, "status first");
-        // Then the token Secret (read, then created), the pipeline ConfigMap,
-        // the Service and the two pods, in whatever order the operator sends
-        // them, answered as they come.
+        // Then the token Secret (created, never read: its token is derived
+        // from the operator's key), the pipeline ConfigMap, the Service and
+        // the two pods, in whatever order the operator sends them, answered
+        // as they come.
         let answer = |method: &str, path: &str| -> (u16, Value) {
             let name = path.rsplit('/').next().unwrap_or_default().to_string();
             if method == "GET" {
                 (404, json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}))
+            } else if method == "POST" && path.ends_with("/secrets") {
+                (201, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "j-operator-token"}}))
             } else {
                 let kind = match path.split('/').rev().nth(1) {
                     Some("secrets") => "Secret",
@@ -201,15 +204,17 @@ async fn the_run_is_marked_created_in_status_then_token_pipeline_and_service_the
             }
         };
         let mut seen = Vec::new();
-        for _ in 0..6 {
+        for _ in 0..5 {
             seen.push(next(&mut handle, answer).await);
         }
         let at = |method: &str, path: &str| {
             seen.iter().position(|(m, p, _)| m == method && p == &format!("/api/v1/namespaces/jobs/{path}")).unwrap_or_else(|| panic!("no {method} {path} in {:?}", seen.iter().map(|(m, p, _)| format!("{m} {p}")).collect::<Vec<_>>()))
         };
-        let (secret, cm, svc) = (at("PATCH", "secrets/j-control-token"), at("PATCH", "configmaps/j-pipeline"), at("PATCH", "services/j-workers"));
-        assert!(at("GET", "secrets/j-control-token") < secret, "an existing token is reused, so it is read first");
+        let (secret, cm, svc) = (at("POST", "secrets"), at("PATCH", "configmaps/j-pipeline"), at("PATCH", "services/j-workers"));
+        assert_eq!(seen[secret].2["metadata"]["name"], "j-operator-token");
         assert_eq!(seen[secret].2["metadata"]["ownerReferences"][0]["kind"], "StreamJob");
+        let token = seen[secret].2["data"]["token"].as_str().expect("the token in the Secret");
+        assert_eq!(token.len(), 88, "64 hex characters, base64-encoded: {token}");
         assert!(seen[cm].2["data"]["pipeline.yaml"].as_str().unwrap().contains("parallelism: 2"));
         for i in 0..2 {
             let pod = at("PATCH", &format!("pods/j-1-{i}"));
@@ -309,9 +314,8 @@ async fn a_refused_change_is_written_as_not_ready_at_its_generation_and_the_runn
     let pods = json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [pod(0), pod(1)]});
     let server = tokio::spawn(async move {
         expect(&mut handle, "GET", "/api/v1/namespaces/jobs/pods", 200, pods).await;
-        // The coordinator is asked how the run does, with the job's token.
-        let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "j-control-token"}, "data": {"token": "c2VjcmV0"}});
-        expect(&mut handle, "GET", "/api/v1/namespaces/jobs/secrets/j-control-token", 200, secret).await;
+        // The coordinator is asked how the run does, with the job's token,
+        // which the operator derives: no Secret is read.
         let sent = expect(&mut handle, "PATCH", "/streamjobs/j/status", 200, serde_json::to_value(job(true, None)).unwrap()).await;
         (handle, sent["status"].clone())
     });

@@ -83,6 +83,10 @@ the tag stays for people reading the pod).
 The default worker image: workerImage.repository:tag, the tag defaulting to
 appVersion, and @digest as for the operator image.
 */}}
+{{- define "weir-operator.controlKeySecret" -}}
+{{ include "weir-operator.fullname" . }}-control-key
+{{- end }}
+
 {{- define "weir-operator.workerImage" -}}
 {{- printf "%s:%s" .Values.workerImage.repository (.Values.workerImage.tag | default .Chart.AppVersion) }}
 {{- with .Values.workerImage.digest }}@{{ . }}{{ end }}
@@ -106,8 +110,14 @@ for them), in the watched namespace(s). Exactly what the operator uses.
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
-  resources: ["services", "configmaps", "secrets"]
+  resources: ["services", "configmaps"]
   verbs: ["get", "create", "patch"]
+{{- /* Each job's control token Secret is only created: its token is
+derived from the operator's control key, so no Secret of a job namespace
+is ever read or changed. */}}
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]

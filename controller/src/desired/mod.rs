@@ -97,9 +97,9 @@ pub fn spec_of_config_map(cm: &ConfigMap) -> Option<weir_api::streamjob::StreamJ
 
 /// The Secret holding the job's control token. Created once: the token must
 /// not change while workers hold it.
-pub fn token_secret(job: &StreamJob, token: &str) -> Result<Secret> {
+pub fn token_secret(job: &StreamJob, token: &str, settings: &WorkerSettings) -> Result<Secret> {
     Ok(Secret {
-        metadata: meta(job, names::token_secret(&job.name_any()))?,
+        metadata: meta(job, names::token_secret(&job.name_any(), settings.control_key_id.as_deref()))?,
         type_: Some("Opaque".into()),
         data: Some(BTreeMap::from([(names::TOKEN_KEY.to_string(), ByteString(token.as_bytes().to_vec()))])),
         ..Default::default()
@@ -165,14 +165,6 @@ pub fn network_policy(job: &StreamJob, settings: &NetworkPolicySettings) -> Resu
             ..Default::default()
         }),
     })
-}
-
-/// A new random control token (256 bits, hex).
-pub fn new_token() -> String {
-    use rand::RngCore;
-    let mut bytes = [0u8; 32];
-    rand::rng().fill_bytes(&mut bytes);
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Where a job's checkpoints go: its own directory under the storage URI, so

@@ -56,11 +56,14 @@ pub struct WorkerSettings {
     pub uid: Option<i64>,
     /// With `Some`, every job gets a NetworkPolicy (see [`super::network_policy`]).
     pub network_policy: Option<super::NetworkPolicySettings>,
+    /// The id of the operator's control key ([`crate::control_key::ControlKey::id`]),
+    /// which names the job's token Secret.
+    pub control_key_id: Option<String>,
 }
 
 impl Default for WorkerSettings {
     fn default() -> Self {
-        WorkerSettings { service_account: None, default_image: None, uid: Some(DEFAULT_UID), network_policy: None }
+        WorkerSettings { service_account: None, default_image: None, uid: Some(DEFAULT_UID), network_policy: None, control_key_id: None }
     }
 }
 
@@ -102,7 +105,8 @@ pub fn worker_pod(job: &StreamJob, run: &RunStatus, index: u32, settings: &Worke
     // then the template's other containers as sidecars.
     let mut containers = std::mem::take(&mut pod.containers);
     let from_template = containers.iter().position(|c| c.name == WORKER_CONTAINER).map(|i| containers.remove(i));
-    let worker = worker_container(job, run, index, image, from_template.unwrap_or_default());
+    let token_secret = names::token_secret(&job.name_any(), settings.control_key_id.as_deref());
+    let worker = worker_container(job, run, index, image, from_template.unwrap_or_default(), token_secret);
     let own_tmp = worker.volume_mounts.iter().flatten().any(|m| m.name == TMP_VOLUME);
     containers.insert(0, worker);
     pod.containers = containers;
@@ -177,7 +181,7 @@ fn avoid_nodes(affinity: Option<Affinity>, nodes: &[String]) -> Option<Affinity>
 
 /// The worker container: `base` (the template's `worker` container, or an
 /// empty one) with the operator's and the spec's parts put in.
-fn worker_container(job: &StreamJob, run: &RunStatus, index: u32, image: String, base: Container) -> Container {
+fn worker_container(job: &StreamJob, run: &RunStatus, index: u32, image: String, base: Container, token_secret: String) -> Container {
     let spec = &job.spec;
     let name = job.name_any();
     let mut c = base;
@@ -221,7 +225,7 @@ fn worker_container(job: &StreamJob, run: &RunStatus, index: u32, image: String,
     c.args = Some(args);
     let port = |name: &str, port: u16| ContainerPort { name: Some(name.into()), container_port: port.into(), protocol: Some("TCP".into()), ..Default::default() };
     c.ports = Some(vec![port("control", CONTROL_PORT), port("data", DATA_PORT), port("coordinator", COORDINATOR_PORT)]);
-    c.env = Some(worker_env(job, run, c.env.take().unwrap_or_default()));
+    c.env = Some(worker_env(job, run, c.env.take().unwrap_or_default(), token_secret));
     let mut env_from = c.env_from.take().unwrap_or_default();
     env_from.extend(spec.env_from.iter().cloned());
     c.env_from = (!env_from.is_empty()).then_some(env_from);
@@ -255,8 +259,7 @@ fn worker_container(job: &StreamJob, run: &RunStatus, index: u32, image: String,
 /// The worker's environment: the operator's variables first (so that later
 /// ones can refer to `$(POD_IP)`), then the template's, replaced on the same
 /// name by the spec's. `OWNED_ENV` names from either are dropped.
-fn worker_env(job: &StreamJob, run: &RunStatus, template: Vec<EnvVar>) -> Vec<EnvVar> {
-    let name = job.name_any();
+fn worker_env(job: &StreamJob, run: &RunStatus, template: Vec<EnvVar>, token_secret: String) -> Vec<EnvVar> {
     let mut user: Vec<EnvVar> = Vec::new();
     for e in template.into_iter().chain(job.spec.env.iter().cloned()) {
         if OWNED_ENV.contains(&e.name.as_str()) {
@@ -279,7 +282,7 @@ fn worker_env(job: &StreamJob, run: &RunStatus, template: Vec<EnvVar>) -> Vec<En
         EnvVar {
             name: "WEIR_CONTROL_TOKEN".into(),
             value_from: Some(EnvVarSource {
-                secret_key_ref: Some(SecretKeySelector { name: names::token_secret(&name), key: names::TOKEN_KEY.into(), optional: Some(false) }),
+                secret_key_ref: Some(SecretKeySelector { name: token_secret, key: names::TOKEN_KEY.into(), optional: Some(false) }),
                 ..Default::default()
             }),
             ..Default::default()

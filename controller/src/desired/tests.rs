@@ -79,8 +79,25 @@ fn a_worker_pod_waits_for_membership_on_its_pod_ip_and_restores_as_the_run_says(
     assert!(args.contains("--job-id jobs_wc"), "{args}");
     let env = c.env.clone().unwrap();
     let token = env.iter().find(|e| e.name == "WEIR_CONTROL_TOKEN").unwrap();
-    assert_eq!(token.value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap().name, "wc-control-token");
+    assert_eq!(token.value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap().name, "wc-operator-token");
     assert_eq!(pod.metadata.owner_references.unwrap()[0].kind, "StreamJob");
+}
+
+/// The workers read their token from the Secret the operator creates:
+/// both are named after the operator's control key, so a new key never
+/// leaves pods reading a Secret of the old one.
+#[test]
+fn the_token_secret_and_the_pods_reference_to_it_are_named_after_the_control_key() {
+    let job = JobBuilder::new("wc").build();
+    let key = crate::control_key::ControlKey::from_bytes(&[3u8; 32]).unwrap();
+    let with_key = WorkerSettings { control_key_id: Some(key.id()), ..settings() };
+    let secret = token_secret(&job, &key.token("uid"), &with_key).unwrap();
+    let pod = worker_pod(&job, &run(None), 0, &with_key).unwrap();
+    let env = worker(&pod).env.clone().unwrap();
+    let reference = env.iter().find(|e| e.name == "WEIR_CONTROL_TOKEN").unwrap().value_from.clone().unwrap().secret_key_ref.unwrap();
+    assert_eq!(reference.name, secret.metadata.name.clone().unwrap());
+    assert_eq!(reference.name, format!("wc-operator-token-{}", key.id()));
+    assert_eq!(secret.data.unwrap()[crate::names::TOKEN_KEY].0, key.token("uid").into_bytes());
 }
 
 #[test]
@@ -138,13 +155,6 @@ fn a_runs_pods_are_built_from_the_spec_it_was_decided_on_even_when_the_current_o
     // Neither: said so (the reconciler logs it), and the current spec is all there is.
     let (built, same) = job_for_run(&current, &r, None, &settings());
     assert!(!same && built.spec.parallelism == 3);
-}
-
-#[test]
-fn tokens_are_long_and_different() {
-    let (a, b) = (new_token(), new_token());
-    assert_eq!(a.len(), 64);
-    assert_ne!(a, b);
 }
 
 use k8s_openapi::api::core::v1::Pod;

@@ -221,6 +221,22 @@ pub const CONTROL_UNREACHABLE: &str = "ControlEndpointUnreachable";
 /// What the operator must reach, said wherever it cannot.
 pub const CONTROL_REACH: &str = "the operator must be able to connect to port 6120 (control) of every worker pod: allow it in any NetworkPolicy that selects the workers (see the chart README, Ports and NetworkPolicy)";
 
+/// Whether the control endpoint's answer was a refusal of the operator's
+/// token (HTTP 401): the worker runs and is reachable.
+pub(super) fn refused_token(error: &str) -> bool {
+    error.contains("HTTP 401")
+}
+
+/// What to do about a control endpoint that did not answer the operator,
+/// by its last error: a refused token is no network problem.
+pub fn control_hint(error: &str) -> &'static str {
+    if refused_token(error) {
+        "the run's workers hold another control token than the one the operator derives from its control key (a run started by an operator from before the control key, or the job's token Secret changed by hand); the job restarts from its latest checkpoint, and the new run's workers get the operator's token"
+    } else {
+        CONTROL_REACH
+    }
+}
+
 /// Whether the operator has failed to reach worker 0's control endpoint
 /// for longer than a worker takes to start listening, and if so why, in
 /// words: without it the workers never get their membership, and the run
@@ -241,7 +257,7 @@ fn unreachable_while_joining(cx: &Cx, st: &mut StreamJobStatus, worker0: std::ne
     let addr = SocketAddr::new(worker0, CONTROL_PORT);
     let at = since.round(jiff::Unit::Second).unwrap_or(since);
     let error = cx.obs.coordinator_error.clone().unwrap_or_default();
-    Some(format!("the operator cannot reach worker 0's control endpoint {addr} since {at} ({error}), so the workers get no membership; {CONTROL_REACH}"))
+    Some(format!("the operator cannot reach worker 0's control endpoint {addr} since {at} ({error}), so the workers get no membership; {}", control_hint(&error)))
 }
 
 /// Runs and pods are decided from one spec. A run decided on an older spec

@@ -62,11 +62,21 @@ impl State for Running {
                     if silent >= COORDINATOR_SILENCE_LIMIT {
                         let addr = std::net::SocketAddr::new(*ip, weir_api::control::CONTROL_PORT).to_string();
                         let why = cx.obs.coordinator_error.clone().unwrap_or_default();
-                        let m = format!(
-                            "the operator could not reach the run's coordinator: {}; last error: {why} (a lost node, or a network rule: {})",
-                            weir_api::control::silence_message(0, &addr, silent.as_secs_f64()),
-                            super::CONTROL_REACH
-                        );
+                        // A refused token is no silent worker: its pods and
+                        // node are fine, and the next run waits for them to go.
+                        let m = if super::run::refused_token(&why) {
+                            format!(
+                                "worker 0 ({addr}) has refused the operator's control token for {:.1}s: {why}; {}",
+                                silent.as_secs_f64(),
+                                super::run::control_hint(&why)
+                            )
+                        } else {
+                            format!(
+                                "the operator could not reach the run's coordinator: {}; last error: {why} (a lost node, or a network rule: {})",
+                                weir_api::control::silence_message(0, &addr, silent.as_secs_f64()),
+                                super::CONTROL_REACH
+                            )
+                        };
                         return after_failure::<Running>(cx, st, "CoordinatorUnreachable", &m, false);
                     }
                     // A time, not a countdown: the status must not change at every reconcile.

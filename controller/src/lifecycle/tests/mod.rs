@@ -701,7 +701,7 @@ fn a_worker_waiting_a_moment_for_its_secret_starts_without_a_restart() {
     let mut w = World::new(JobBuilder::new("j").build());
     w.until(Phase::Deploying);
     w.step(); // creates the pods
-    waiting(&mut w.pods[1], "CreateContainerConfigError", "secret \"j-control-token\" not found");
+    waiting(&mut w.pods[1], "CreateContainerConfigError", "secret \"j-operator-token\" not found");
     w.advance(Duration::from_secs(2));
     w.step();
     assert_eq!(w.phase(), Some(Phase::Deploying), "no restart for a Secret that is a moment late");
@@ -1287,6 +1287,31 @@ fn a_run_whose_coordinator_stops_answering_the_operator_is_restored_without_wait
     }
     let waited = Duration::try_from(started.expect("no new run").duration_since(lost_at)).unwrap();
     assert!(waited < COORDINATOR_SILENCE_LIMIT + Duration::from_secs(4), "the new run started {waited:?} after the coordinator went silent");
+}
+
+/// A run whose workers refuse the operator's token (started by an operator
+/// from before the control key, whose tokens were random and read back
+/// from Secrets): status says that, not "a network rule", and the job
+/// restarts from its latest checkpoint, where the new run's workers get
+/// the derived token.
+#[test]
+fn a_run_whose_workers_refuse_the_operators_token_says_so_and_restarts_from_its_latest_checkpoint() {
+    use super::running::COORDINATOR_SILENCE_LIMIT;
+    let mut w = World::running(JobBuilder::new("j").build());
+    let old_run = w.run_id();
+    w.coordinator = None;
+    w.coordinator_error = Some("worker control endpoint at 127.0.1.1:6120: HTTP 401 Unauthorized: missing or wrong bearer token".into());
+    w.step();
+    w.advance(COORDINATOR_SILENCE_LIMIT + Duration::from_secs(1));
+    let d = w.step();
+    let failure = d.status.last_failure.as_ref().expect("a failure");
+    assert_eq!(failure.reason, "CoordinatorUnreachable");
+    assert!(failure.message.contains("HTTP 401") && failure.message.contains("another control token"), "{}", failure.message);
+    assert!(failure.message.contains("refused the operator's control token"), "{}", failure.message);
+    assert!(!failure.message.contains("network rule") && !failure.message.contains("sent nothing"), "{}", failure.message);
+    assert_eq!(d.status.run.as_ref().unwrap().restore_from.as_deref(), Some("latest"));
+    assert!(d.status.run.as_ref().unwrap().silent_pods.is_empty(), "its pods are not lost: the next run waits for them to go");
+    assert_ne!(d.status.run.as_ref().unwrap().id, old_run);
 }
 
 /// A node killed outright (its processes gone at once, so worker 1's
