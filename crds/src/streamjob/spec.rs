@@ -23,7 +23,7 @@ pub const MAX_PARALLELISM_LIMIT: i32 = 32768;
 /// The longest StreamJob name: the operator names the job's headless Service
 /// `<name>-workers`, and a Service name is a DNS-1035 label of at most 63
 /// characters. Every other derived name is longer-lived in a roomier format
-/// (`<name>-pipeline`, `<name>-control-token`, pods `<name>-<run>-<index>`:
+/// (`<name>-pipeline`, `<name>-operator-token-<key id>`, pods `<name>-<run>-<index>`:
 /// DNS subdomains of up to 253), and the name is also a label value (63).
 pub const MAX_NAME_LENGTH: usize = 63 - "-workers".len();
 
