@@ -255,6 +255,16 @@ def main(argv):
                 problems.append(f"{named(dep)}: no {prefix}... argument")
         if "--metrics-addr=$(POD_IP)" not in args:
             problems.append(f"{named(dep)}: --metrics-addr is not the pod IP alone: {args}")
+        # The workers' CA: a file of a ConfigMap volume, mounted where the argument says.
+        ca = next((str(a).split("=", 1)[1] for a in args if str(a).startswith("--worker-ca-file=")), None)
+        if ca is not None:
+            mounts = [m for c in pod.get("containers") or [] for m in c.get("volumeMounts") or []]
+            mount = next((m for m in mounts if ca.startswith(m.get("mountPath", "").rstrip("/") + "/")), None)
+            volume = mount and next((v for v in pod.get("volumes") or [] if v.get("name") == mount.get("name")), None)
+            if not volume or "configMap" not in volume:
+                problems.append(f"{named(dep)}: --worker-ca-file={ca} is not in a mounted ConfigMap volume")
+            elif not mount.get("readOnly"):
+                problems.append(f"{named(dep)}: the worker CA's mount is not read-only")
         selector = get(dep, "spec", "selector", "matchLabels") or {}
         replicas = get(dep, "spec", "replicas") or 1
         pdbs = [d for d in docs if d.get("kind") == "PodDisruptionBudget"]

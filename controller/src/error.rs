@@ -22,6 +22,10 @@ pub enum Error {
 
     #[error("worker control endpoint at {addr}: {message}")]
     Worker { addr: String, message: String },
+
+    /// A setting of the operator itself that cannot be used (it does not start).
+    #[error("{0}")]
+    Config(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -40,6 +44,7 @@ impl Error {
             Error::NoNamespace => "no_namespace",
             Error::Build { .. } => "build",
             Error::Worker { .. } => "worker",
+            Error::Config(_) => "config",
         }
     }
 }

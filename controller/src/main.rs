@@ -48,6 +48,11 @@ struct Cli {
     /// operator never reads the Secrets of job namespaces.
     #[arg(long, env = "WEIR_CONTROL_KEY_SECRET", default_value = "weir-control-key")]
     control_key_secret: String,
+    /// The CA certificates (PEM) the workers' certificates of jobs with
+    /// spec.tls must lead to (the chart mounts workerTls.caConfigMap here).
+    /// Without it, jobs with spec.tls are refused (reason NoWorkerCA).
+    #[arg(long, env = "WEIR_WORKER_CA_FILE", value_name = "PEM")]
+    worker_ca_file: Option<std::path::PathBuf>,
     /// ServiceAccount of worker pods whose StreamJob names none
     /// (default: the namespace's default account; workers never call the API).
     #[arg(long)]
@@ -146,7 +151,13 @@ async fn main() -> anyhow::Result<()> {
         }),
         (true, None) => anyhow::bail!("--worker-network-policy needs --operator-pod-labels (the labels of the operator's pods)"),
     };
+    let mut workers = HttpWorkerApi::new()?;
+    if let Some(ca) = &cli.worker_ca_file {
+        workers = workers.with_worker_ca(ca)?;
+        info!(ca = %ca.display(), "jobs with spec.tls are called over HTTPS, their certificates checked against this CA");
+    }
     let settings = WorkerSettings {
+        worker_ca: workers.trusts_worker_ca(),
         service_account: cli.worker_service_account.clone(),
         default_image: cli.default_worker_image.clone().filter(|i| !i.is_empty()),
         uid: cli.worker_uid.0,
@@ -161,12 +172,17 @@ async fn main() -> anyhow::Result<()> {
     // One watch of the jobs' pods both fills the pod cache reconciles read
     // and triggers them (the cache is updated before the trigger fires). Only
     // what observing a pod needs is kept: metadata without managedFields,
-    // status, and of the spec only the node (lost nodes are avoided by it).
+    // status, and of the spec only the node (lost nodes are avoided by it)
+    // and the worker's TLS name (its control endpoint is HTTPS then).
     let pod_cache = Arc::new(PodCache::default());
     let cache = pod_cache.clone();
     let pod_events = watcher(pods, watcher::Config::default().labels(names::JOB_LABEL))
         .modify(|pod| {
-            pod.spec = pod.spec.take().map(|s| k8s_openapi::api::core::v1::PodSpec { node_name: s.node_name, ..Default::default() });
+            pod.spec = pod.spec.take().map(|s| k8s_openapi::api::core::v1::PodSpec {
+                node_name: s.node_name,
+                containers: s.containers.into_iter().filter(|c| c.name == weir_controller::desired::WORKER_CONTAINER).map(tls_args_only).collect(),
+                ..Default::default()
+            });
             pod.metadata.managed_fields = None;
         })
         .inspect(move |event| {
@@ -184,7 +200,7 @@ async fn main() -> anyhow::Result<()> {
         .modify(|job| job.metadata.managed_fields = None)
         .reflect(job_writer)
         .applied_objects();
-    let mut ctx = Context::new(client.clone(), Arc::new(HttpWorkerApi::new()?), metrics, settings, instance).with_pod_cache(pod_cache).with_control_key(control_key);
+    let mut ctx = Context::new(client.clone(), Arc::new(workers), metrics, settings, instance).with_pod_cache(pod_cache).with_control_key(control_key);
     if cli.max_concurrent_upgrades > 0 {
         info!(limit = cli.max_concurrent_upgrades, "at most this many jobs upgrade at once");
         ctx = ctx.with_upgrade_limit(cli.max_concurrent_upgrades, job_cache.clone());
@@ -265,4 +281,12 @@ fn init_tracing(format: &str) {
     } else {
         builder.init();
     }
+}
+
+/// The worker container as the pod cache keeps it: its name and, of its
+/// arguments, only `--tls-server-name NAME`, which says how to call it.
+fn tls_args_only(c: k8s_openapi::api::core::v1::Container) -> k8s_openapi::api::core::v1::Container {
+    let args = c.args.unwrap_or_default();
+    let tls: Vec<String> = args.iter().position(|a| a == "--tls-server-name").map(|i| args[i..(i + 2).min(args.len())].to_vec()).unwrap_or_default();
+    k8s_openapi::api::core::v1::Container { name: c.name, args: (!tls.is_empty()).then_some(tls), ..Default::default() }
 }

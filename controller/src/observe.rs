@@ -75,6 +75,10 @@ pub struct PodView {
     pub host_ip: Option<IpAddr>,
     /// The scheduler found no node for it (PodScheduled False, Unschedulable).
     pub unschedulable: bool,
+    /// The name its worker's certificate carries (`--tls-server-name`), when
+    /// the pod was built with `spec.tls`: its control endpoint is HTTPS. From
+    /// the pod, not the spec, which may have changed since.
+    pub tls_name: Option<String>,
 }
 
 impl PodView {
@@ -135,6 +139,12 @@ impl PodView {
             state,
             node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
             host_ip: status.host_ip.as_deref().and_then(|s| s.parse().ok()),
+            tls_name: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers.iter().find(|c| c.name == WORKER_CONTAINER))
+                .and_then(|c| c.args.as_ref())
+                .and_then(|args| args.iter().position(|a| a == "--tls-server-name").and_then(|i| args.get(i + 1)).cloned()),
             unschedulable: status
                 .conditions
                 .as_ref()

@@ -23,6 +23,7 @@ use crate::lifecycle::{Decision, Effect};
 use crate::names;
 use crate::lifecycle::REFUSED_POD;
 use crate::observe::{DisposalOutcome, Observed, PodState, PodView, Rejection, RunHealth};
+use crate::worker_api::Access;
 use crate::FIELD_MANAGER;
 
 /// How soon a reconcile skipped for a stale object looks again, should the
@@ -174,8 +175,8 @@ async fn observe(job: &StreamJob, ctx: &Context, pods: Vec<PodView>) -> Result<O
     let RunHealth::Running { ips } = observed.health(run) else { return Ok(observed) };
     let Some(ip) = ips.first() else { return Ok(observed) };
     let api = SocketAddr::new(*ip, CONTROL_PORT);
-    let token = token(job, ctx);
-    match ctx.workers.status(api, &token).await {
+    let to = access(job, ctx, &observed.pods, api);
+    match ctx.workers.status(api, &to).await {
         Ok(s) => observed.coordinator = Some(s),
         Err(e) => {
             debug!(error = %e, "coordinator did not answer");
@@ -184,7 +185,7 @@ async fn observe(job: &StreamJob, ctx: &Context, pods: Vec<PodView>) -> Result<O
     }
     if let Some(id) = status.pending_savepoint.as_ref().and_then(|p| p.request_id.as_deref()) {
         if observed.coordinator.is_some() {
-            match ctx.workers.savepoint_outcome(api, &token, id).await {
+            match ctx.workers.savepoint_outcome(api, &to, id).await {
                 Ok(o) => observed.savepoint = Some(o),
                 Err(e) => debug!(error = %e, "savepoint outcome not available"),
             }
@@ -330,11 +331,10 @@ async fn act(job: &StreamJob, ctx: &Context, ns: &str, decision: &Decision, pods
             Effect::DeleteOtherPods => delete_pods(ctx, ns, pods, decision.status.run.as_ref().map(|r| r.id.as_str())).await?,
             Effect::DeleteAllPods => delete_pods(ctx, ns, pods, None).await?,
             Effect::SendMembership { membership, workers } => {
-                let token = token(job, ctx);
                 let sent = workers.iter().map(|w| {
-                    let token = &token;
+                    let to = access(job, ctx, pods, *w);
                     async move {
-                        match ctx.workers.put_membership(*w, token, membership).await {
+                        match ctx.workers.put_membership(*w, &to, membership).await {
                             Ok(_) => {}
                             // The worker answered and said no (another run's
                             // membership, a worker count its pipeline does not
@@ -350,17 +350,15 @@ async fn act(job: &StreamJob, ctx: &Context, ns: &str, decision: &Decision, pods
                 futures::future::join_all(sent).await;
             }
             Effect::RequestSavepoint { api, request_id, stop } => {
-                let token = token(job, ctx);
                 let request = SavepointRequest { request_id: Some(request_id.clone()), stop: *stop };
-                match ctx.workers.request_savepoint(*api, &token, &request).await {
+                match ctx.workers.request_savepoint(*api, &access(job, ctx, pods, *api), &request).await {
                     Ok(o) => debug!(request = %request_id, state = ?o.state, "savepoint requested"),
                     // Retried by the waiting state until spec.savepointTimeout.
                     Err(e) => warn!(request = %request_id, error = %e, "savepoint request not accepted yet"),
                 }
             }
             Effect::CancelSavepoint { api, request_id } => {
-                let token = token(job, ctx);
-                match ctx.workers.cancel_savepoint(*api, &token, request_id).await {
+                match ctx.workers.cancel_savepoint(*api, &access(job, ctx, pods, *api), request_id).await {
                     Ok(o) => info!(request = %request_id, state = ?o.map(|o| o.state), "savepoint request cancelled"),
                     // Not fatal: a job left stopped is restarted once its
                     // checkpoints stall (CheckpointsStalled).
@@ -368,8 +366,7 @@ async fn act(job: &StreamJob, ctx: &Context, ns: &str, decision: &Decision, pods
                 }
             }
             Effect::DisposeSavepoint { api, location } => {
-                let token = token(job, ctx);
-                match ctx.workers.dispose_savepoint(*api, &token, location).await {
+                match ctx.workers.dispose_savepoint(*api, &access(job, ctx, pods, *api), location).await {
                     Ok(d) => {
                         info!(savepoint = %location, existed = d.existed, "savepoint disposed of");
                         ctx.disposal_done(job, location, DisposalOutcome::Disposed);
@@ -526,6 +523,18 @@ async fn delete_pods(ctx: &Context, ns: &str, listed: &[PodView], keep_run: Opti
 /// [`crate::control_key`]): nothing to read from the API server.
 fn token(job: &StreamJob, ctx: &Context) -> String {
     ctx.control_key.token(&job.uid().unwrap_or_default())
+}
+
+/// How the operator calls the worker at `addr`: the job's token and, when
+/// its pod was built with `spec.tls`, the name its certificate carries. The
+/// pod says, not the current spec: an upgrade that adds or removes
+/// `spec.tls` takes its savepoint from pods built without (or with) it.
+fn access(job: &StreamJob, ctx: &Context, pods: &[PodView], addr: SocketAddr) -> Access {
+    let tls_name = match pods.iter().find(|p| p.ip == Some(addr.ip())) {
+        Some(pod) => pod.tls_name.clone(),
+        None => job.spec.tls.as_ref().map(|_| crate::desired::tls_server_name(job)),
+    };
+    Access { token: token(job, ctx), tls_name }
 }
 
 /// Makes sure the job's token Secret exists before a run's pods need it

@@ -16,28 +16,28 @@ use weir_api::streamjob::StreamJob;
 use weir_controller::context::Context;
 use weir_controller::desired::WorkerSettings;
 use weir_controller::metrics::Metrics;
-use weir_controller::worker_api::WorkerApi;
+use weir_controller::worker_api::{Access, WorkerApi};
 
 /// Workers that are never reached in these tests.
 struct NoWorkers;
 
 impl WorkerApi for NoWorkers {
-    fn status<'a>(&'a self, api: SocketAddr, _: &'a str) -> BoxFuture<'a, weir_controller::Result<JobStatus>> {
+    fn status<'a>(&'a self, api: SocketAddr, _: &'a Access) -> BoxFuture<'a, weir_controller::Result<JobStatus>> {
         Box::pin(async move { Err(weir_controller::Error::Worker { addr: api.to_string(), message: "unreachable in this test".into() }) })
     }
-    fn put_membership<'a>(&'a self, w: SocketAddr, _: &'a str, _: &'a Membership) -> BoxFuture<'a, weir_controller::Result<()>> {
+    fn put_membership<'a>(&'a self, w: SocketAddr, _: &'a Access, _: &'a Membership) -> BoxFuture<'a, weir_controller::Result<()>> {
         Box::pin(async move { Err(weir_controller::Error::Worker { addr: w.to_string(), message: "unreachable".into() }) })
     }
-    fn request_savepoint<'a>(&'a self, a: SocketAddr, _: &'a str, _: &'a SavepointRequest) -> BoxFuture<'a, weir_controller::Result<SavepointOutcome>> {
+    fn request_savepoint<'a>(&'a self, a: SocketAddr, _: &'a Access, _: &'a SavepointRequest) -> BoxFuture<'a, weir_controller::Result<SavepointOutcome>> {
         Box::pin(async move { Err(weir_controller::Error::Worker { addr: a.to_string(), message: "unreachable".into() }) })
     }
-    fn savepoint_outcome<'a>(&'a self, a: SocketAddr, _: &'a str, _: &'a str) -> BoxFuture<'a, weir_controller::Result<Option<SavepointOutcome>>> {
+    fn savepoint_outcome<'a>(&'a self, a: SocketAddr, _: &'a Access, _: &'a str) -> BoxFuture<'a, weir_controller::Result<Option<SavepointOutcome>>> {
         Box::pin(async move { Err(weir_controller::Error::Worker { addr: a.to_string(), message: "unreachable".into() }) })
     }
-    fn cancel_savepoint<'a>(&'a self, a: SocketAddr, _: &'a str, _: &'a str) -> BoxFuture<'a, weir_controller::Result<Option<SavepointOutcome>>> {
+    fn cancel_savepoint<'a>(&'a self, a: SocketAddr, _: &'a Access, _: &'a str) -> BoxFuture<'a, weir_controller::Result<Option<SavepointOutcome>>> {
         Box::pin(async move { Err(weir_controller::Error::Worker { addr: a.to_string(), message: "unreachable".into() }) })
     }
-    fn dispose_savepoint<'a>(&'a self, a: SocketAddr, _: &'a str, _: &'a str) -> BoxFuture<'a, weir_controller::Result<weir_api::control::SavepointDisposed>> {
+    fn dispose_savepoint<'a>(&'a self, a: SocketAddr, _: &'a Access, _: &'a str) -> BoxFuture<'a, weir_controller::Result<weir_api::control::SavepointDisposed>> {
         Box::pin(async move { Err(weir_controller::Error::Worker { addr: a.to_string(), message: "unreachable".into() }) })
     }
 }

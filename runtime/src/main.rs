@@ -169,6 +169,14 @@ line and field).")]
         /// writing to one database, topic or directory need different ones; the operator sets NAMESPACE_NAME.
         #[arg(long, env = "WEIR_JOB_ID", value_parser = parse_job_id)]
         job_id: Option<String>,
+        /// TLS on the run's data and coordinator connections (mutual) and, in pod mode, on the control
+        /// endpoint: a directory holding tls.crt, tls.key and ca.crt (a cert-manager Secret's layout).
+        #[arg(long, value_name = "DIR", requires = "tls_server_name")]
+        tls_dir: Option<PathBuf>,
+        /// With --tls-dir: the DNS name every worker's certificate carries, which peers check (the operator
+        /// passes <job>-workers.<namespace>.svc).
+        #[arg(long, value_name = "NAME", requires = "tls_dir")]
+        tls_server_name: Option<String>,
     },
 }
 
@@ -199,6 +207,10 @@ Pod mode (no --cluster): the worker serves its control endpoint at --control-add
 $WEIR_CONTROL_TOKEN`, and in pod mode the worker refuses to start without that
 variable. Worker 0 answers /v1/status and /v1/savepoints
 for the job; the other workers answer /v1/status for themselves.
+
+TLS (--tls-dir, --tls-server-name): the data and coordinator connections use
+mutual TLS with the directory's certificate, checked against its ca.crt and the
+server name; in pod mode the control endpoint is HTTPS with that certificate.
 
 Environment: WEIR_CONTROL_TOKEN (the job's token), WEIR_RUN_ID (pod mode: accept
 only this run's membership), WEIR_LOG_JSON (JSON logs), RUST_LOG (log filter).
@@ -285,7 +297,7 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Worker { pipeline, index, cluster, control_addr, membership_timeout, state_dir, base_dir, parallelism, restore, allow_non_restored_state, expect_state, job_id } => {
+        Command::Worker { pipeline, index, cluster, control_addr, membership_timeout, state_dir, base_dir, parallelism, restore, allow_non_restored_state, expect_state, job_id, tls_dir, tls_server_name } => {
             init_tracing(std::env::var_os("WEIR_LOG_JSON").is_some());
             let token = std::env::var("WEIR_CONTROL_TOKEN").unwrap_or_default();
             if cluster.is_none() && token.is_empty() {
@@ -312,7 +324,15 @@ fn main() -> ExitCode {
                     None => std::env::current_dir().map_err(Error::io("current directory"))?,
                 };
                 let restore = restore.as_deref().map(RestoreFrom::parse);
-                let config = WorkerConfig { plan: Arc::new(plan), index, placement, state_dir, restore, allow_non_restored_state, expect_state, base_dir, token, job_id };
+                let tls = match (&tls_dir, &tls_server_name) {
+                    (Some(dir), Some(name)) => {
+                        let tls = weir_runtime::worker::tls::JobTls::load(dir, name)?;
+                        tracing::info!(worker = index, dir = %dir.display(), server_name = %name, "TLS on: mutual on data and coordinator connections, HTTPS on the control endpoint");
+                        Some(Arc::new(tls))
+                    }
+                    _ => None,
+                };
+                let config = WorkerConfig { plan: Arc::new(plan), index, placement, state_dir, restore, allow_non_restored_state, expect_state, base_dir, token, job_id, tls };
                 tokio::select! {
                     r = worker::run(config) => r.map(|()| Ended::Done),
                     () = terminated() => Ok(Ended::Terminated),

@@ -32,6 +32,7 @@ impl Refusal {
     pub const INVALID_SPEC: &'static str = "InvalidSpec";
     pub const NO_WORKER_IMAGE: &'static str = "NoWorkerImage";
     pub const SHARED_VOLUME_MISSING: &'static str = "SharedVolumeMissing";
+    pub const NO_WORKER_CA: &'static str = "NoWorkerCA";
 
     pub fn invalid(message: impl Into<String>) -> Refusal {
         Refusal { reason: Refusal::INVALID_SPEC, message: message.into() }
@@ -52,6 +53,15 @@ pub fn check(job: &StreamJob, sinks: &[&SinkSpec], settings: &WorkerSettings) ->
         return Err(Refusal {
             reason: Refusal::NO_WORKER_IMAGE,
             message: "no worker image: set spec.image (or the image of a container named worker in spec.podTemplate), or install the operator with a default worker image (the chart's workerImage, --default-worker-image)".into(),
+        });
+    }
+    if job.spec.tls.is_some() && !settings.worker_ca {
+        return Err(Refusal {
+            reason: Refusal::NO_WORKER_CA,
+            message: "spec.tls is set, but the operator trusts no CA for the workers' certificates, so it could not call their HTTPS control endpoint: \
+                      install it with the chart's workerTls.caConfigMap (a ConfigMap in the operator's namespace holding the CA as ca.crt; \
+                      --worker-ca-file), or remove spec.tls"
+                .into(),
         });
     }
     let run = RunStatus::decided("check".into(), 1, String::new(), 1, k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH));

@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::names;
 
 pub use check::{check, Refusal};
-pub use pod::{default_resources, worker_image, worker_pod, WorkerSettings, DEFAULT_UID, OWNED_ENV, PIPELINE_VOLUME, TMP_DIR, TMP_VOLUME, WORKER_CONTAINER};
+pub use pod::{default_resources, worker_image, worker_pod, WorkerSettings, DEFAULT_UID, OWNED_ENV, PIPELINE_VOLUME, TLS_DIR, TMP_DIR, TMP_VOLUME, WORKER_CONTAINER, tls_server_name};
 
 /// Labels of every object a job owns.
 pub fn job_labels(job: &StreamJob) -> BTreeMap<String, String> {

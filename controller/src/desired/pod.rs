@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
-    NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, Pod, PodSecurityContext, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector,
+    NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, Pod, PodSecurityContext, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector, SecretVolumeSource,
     SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -59,12 +59,28 @@ pub struct WorkerSettings {
     /// The id of the operator's control key ([`crate::control_key::ControlKey::id`]),
     /// which names the job's token Secret.
     pub control_key_id: Option<String>,
+    /// Whether the operator trusts a CA for the workers' certificates
+    /// (`--worker-ca-file`): without one it cannot call a job with
+    /// `spec.tls`, so such a job is refused before any pod starts.
+    pub worker_ca: bool,
 }
 
 impl Default for WorkerSettings {
     fn default() -> Self {
-        WorkerSettings { service_account: None, default_image: None, uid: Some(DEFAULT_UID), network_policy: None, control_key_id: None }
+        WorkerSettings { service_account: None, default_image: None, uid: Some(DEFAULT_UID), network_policy: None, control_key_id: None, worker_ca: false }
     }
+}
+
+/// Where a worker finds the job's certificate (`spec.tls`).
+/// Beside the pipeline's directory, not in it: a mount point inside a
+/// ConfigMap volume would have to be made in a read-only directory.
+pub const TLS_DIR: &str = "/etc/weir-tls";
+const TLS_VOLUME: &str = "weir-tls";
+
+/// The DNS name every worker's certificate must carry: the workers'
+/// Service, which peers and the operator check, since they reach pods by IP.
+pub fn tls_server_name(job: &StreamJob) -> String {
+    format!("{}.{}.svc", names::service(&job.name_any()), job.namespace().unwrap_or_else(|| "default".into()))
 }
 
 /// The image the job's workers run: `spec.image`, else the image of the pod
@@ -119,7 +135,14 @@ pub fn worker_pod(job: &StreamJob, run: &RunStatus, index: u32, settings: &Worke
     if own_tmp {
         volumes.push(Volume { name: TMP_VOLUME.into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() });
     }
-    volumes.extend(pod.volumes.take().unwrap_or_default().into_iter().filter(|v| v.name != PIPELINE_VOLUME && v.name != TMP_VOLUME));
+    if let Some(tls) = &spec.tls {
+        volumes.push(Volume {
+            name: TLS_VOLUME.into(),
+            secret: Some(SecretVolumeSource { secret_name: Some(tls.secret_name.clone()), optional: Some(false), ..Default::default() }),
+            ..Default::default()
+        });
+    }
+    volumes.extend(pod.volumes.take().unwrap_or_default().into_iter().filter(|v| v.name != PIPELINE_VOLUME && v.name != TMP_VOLUME && v.name != TLS_VOLUME));
     pod.volumes = Some(volumes);
 
     // A worker's exit ends its run; the operator restores the whole job.
@@ -222,6 +245,9 @@ fn worker_container(job: &StreamJob, run: &RunStatus, index: u32, image: String,
     if spec.allow_non_restored_state {
         args.push("--allow-non-restored-state".into());
     }
+    if spec.tls.is_some() {
+        args.extend(["--tls-dir".into(), TLS_DIR.into(), "--tls-server-name".into(), tls_server_name(job)]);
+    }
     c.args = Some(args);
     let port = |name: &str, port: u16| ContainerPort { name: Some(name.into()), container_port: port.into(), protocol: Some("TCP".into()), ..Default::default() };
     c.ports = Some(vec![port("control", CONTROL_PORT), port("data", DATA_PORT), port("coordinator", COORDINATOR_PORT)]);
@@ -231,7 +257,13 @@ fn worker_container(job: &StreamJob, run: &RunStatus, index: u32, image: String,
     c.env_from = (!env_from.is_empty()).then_some(env_from);
     c.resources = [spec.resources.clone(), c.resources.take()].into_iter().flatten().find(|r| !is_empty(r)).or_else(|| Some(default_resources()));
     c.readiness_probe = Some(Probe {
-        http_get: Some(HTTPGetAction { path: Some("/healthz".into()), port: IntOrString::Int(CONTROL_PORT.into()), ..Default::default() }),
+        // With TLS the kubelet probes over HTTPS (it checks no certificate).
+        http_get: Some(HTTPGetAction {
+            path: Some("/healthz".into()),
+            port: IntOrString::Int(CONTROL_PORT.into()),
+            scheme: spec.tls.as_ref().map(|_| "HTTPS".into()),
+            ..Default::default()
+        }),
         period_seconds: Some(2),
         ..Default::default()
     });
@@ -242,9 +274,12 @@ fn worker_container(job: &StreamJob, run: &RunStatus, index: u32, image: String,
         .take()
         .unwrap_or_default()
         .into_iter()
-        .filter(|m| m.mount_path.trim_end_matches('/') != names::PIPELINE_DIR && m.name != PIPELINE_VOLUME && m.name != TMP_VOLUME)
+        .filter(|m| m.mount_path.trim_end_matches('/') != names::PIPELINE_DIR && m.name != PIPELINE_VOLUME && m.name != TMP_VOLUME && m.name != TLS_VOLUME && m.mount_path.trim_end_matches('/') != TLS_DIR)
         .collect();
     let mut mounts = vec![VolumeMount { name: PIPELINE_VOLUME.into(), mount_path: names::PIPELINE_DIR.into(), read_only: Some(true), ..Default::default() }];
+    if spec.tls.is_some() {
+        mounts.push(VolumeMount { name: TLS_VOLUME.into(), mount_path: TLS_DIR.into(), read_only: Some(true), ..Default::default() });
+    }
     if !theirs.iter().any(|m| m.mount_path.trim_end_matches('/') == TMP_DIR) {
         mounts.push(VolumeMount { name: TMP_VOLUME.into(), mount_path: TMP_DIR.into(), ..Default::default() });
     }

@@ -450,3 +450,29 @@ fn s3_settings_are_not_given_to_a_job_whose_storage_is_a_volume() {
     let pod = worker_pod(&job, &run(None), 0, &settings()).unwrap();
     assert_eq!(env_value(worker(&pod), "WEIR_S3_ENDPOINT"), None);
 }
+
+/// `spec.tls`: the Secret is mounted read-only beside (not inside) the
+/// pipeline's directory, the worker is told where it is and which name the
+/// certificate carries, and the kubelet probes over HTTPS.
+#[test]
+fn a_job_with_tls_mounts_its_certificate_and_probes_over_https() {
+    let job = JobBuilder::new("wc").spec(|s| s.tls = Some(weir_api::streamjob::WorkerTls { secret_name: "wc-tls".into() })).build();
+    let pod = worker_pod(&job, &run(None), 0, &settings()).unwrap();
+    let c = worker(&pod);
+    let args = c.args.clone().unwrap();
+    let after = |flag: &str| args.iter().position(|a| a == flag).map(|i| args[i + 1].clone());
+    assert_eq!(after("--tls-dir").as_deref(), Some(TLS_DIR));
+    assert_eq!(after("--tls-server-name"), Some(format!("wc-workers.{}.svc", job.namespace().unwrap())));
+    let mount = c.volume_mounts.as_ref().unwrap().iter().find(|m| m.mount_path == TLS_DIR).unwrap();
+    assert_eq!(mount.read_only, Some(true));
+    let volume = pod.spec.as_ref().unwrap().volumes.as_ref().unwrap().iter().find(|v| v.name == mount.name).unwrap();
+    assert_eq!(volume.secret.as_ref().unwrap().secret_name.as_deref(), Some("wc-tls"));
+    assert!(!TLS_DIR.starts_with(&format!("{}/", crate::names::PIPELINE_DIR)));
+    assert_eq!(c.readiness_probe.as_ref().unwrap().http_get.as_ref().unwrap().scheme.as_deref(), Some("HTTPS"));
+
+    // Without spec.tls: none of it.
+    let plain = worker_pod(&JobBuilder::new("wc").build(), &run(None), 0, &settings()).unwrap();
+    let c = worker(&plain);
+    assert!(!c.args.as_ref().unwrap().iter().any(|a| a.starts_with("--tls")));
+    assert_eq!(c.readiness_probe.as_ref().unwrap().http_get.as_ref().unwrap().scheme, None);
+}

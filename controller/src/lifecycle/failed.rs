@@ -30,11 +30,12 @@ impl State for Failed {
         let new_generation = cx.job.metadata.generation != failed_at(st);
         // Not the generation a rollback gave up, though: that takes a change.
         let other_spec = cx.validation.is_ok() && !super::rollback::holds(cx, st) && st.run.as_ref().is_some_and(|r| r.spec_hash != cx.spec_hash);
-        // A job refused for what the operator lacked (a default worker image)
-        // starts once the operator has it, without an edit of the spec.
+        // A job refused for what the operator lacked (a default worker image,
+        // a CA for the workers' certificates) starts once the operator has
+        // it, without an edit of the spec.
         let refusal_gone = st.run.is_none()
             && cx.validation.is_ok()
-            && st.last_failure.as_ref().is_some_and(|f| f.reason == Refusal::NO_WORKER_IMAGE);
+            && st.last_failure.as_ref().is_some_and(|f| f.reason == Refusal::NO_WORKER_IMAGE || f.reason == Refusal::NO_WORKER_CA);
         // Pods already being deleted are not deleted again.
         let live = cx.obs.pods.iter().filter(|p| p.state != PodState::Terminating).count();
         if !(restart_asked || new_generation || other_spec || refusal_gone) || spec.state == JobState::Suspended {
@@ -66,6 +67,8 @@ impl State for Failed {
             "spec.restartTrigger changed"
         } else if new_generation || other_spec {
             "the spec changed"
+        } else if st.last_failure.as_ref().is_some_and(|f| f.reason == Refusal::NO_WORKER_CA) {
+            "the operator now trusts a CA for the workers' certificates"
         } else {
             "the operator now has a worker image"
         };

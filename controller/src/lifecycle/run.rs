@@ -227,10 +227,18 @@ pub(super) fn refused_token(error: &str) -> bool {
     error.contains("HTTP 401")
 }
 
+/// Whether the operator refused the worker's TLS certificate (`spec.tls`):
+/// the worker runs and is reachable, its certificate is wrong for the job.
+pub(super) fn refused_certificate(error: &str) -> bool {
+    error.contains("invalid peer certificate") || error.contains("trusts no CA")
+}
+
 /// What to do about a control endpoint that did not answer the operator,
 /// by its last error: a refused token is no network problem.
 pub fn control_hint(error: &str) -> &'static str {
-    if refused_token(error) {
+    if refused_certificate(error) {
+        "the workers' certificate (spec.tls) was refused: it must carry the DNS name <job>-workers.<namespace>.svc and be signed by the CA the operator trusts (the chart's workerTls.caConfigMap); workers read it when they start, so after fixing the Secret or the CA start a new run (spec.restartTrigger)"
+    } else if refused_token(error) {
         "the run's workers hold another control token than the one the operator derives from its control key (a run started by an operator from before the control key, or the job's token Secret changed by hand); the job restarts from its latest checkpoint, and the new run's workers get the operator's token"
     } else {
         CONTROL_REACH

@@ -64,7 +64,13 @@ impl State for Running {
                         let why = cx.obs.coordinator_error.clone().unwrap_or_default();
                         // A refused token is no silent worker: its pods and
                         // node are fine, and the next run waits for them to go.
-                        let m = if super::run::refused_token(&why) {
+                        let m = if super::run::refused_certificate(&why) {
+                            format!(
+                                "the operator has refused the certificate of worker 0 ({addr}) for {:.1}s: {why}; {}",
+                                silent.as_secs_f64(),
+                                super::run::control_hint(&why)
+                            )
+                        } else if super::run::refused_token(&why) {
                             format!(
                                 "worker 0 ({addr}) has refused the operator's control token for {:.1}s: {why}; {}",
                                 silent.as_secs_f64(),

@@ -313,6 +313,29 @@ pub struct StreamJobSpec {
     /// disposes of them. Never forever: by default the newest 10 are kept.
     #[serde(default)]
     pub savepoints: SavepointSettings,
+
+    /// TLS on the job's own connections: mutual TLS between its workers
+    /// (data and coordinator connections) and HTTPS on their control
+    /// endpoint, which the operator calls. Unset: plain TCP inside the
+    /// cluster (each connection still proves it belongs to the run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<WorkerTls>,
+}
+
+/// `spec.tls`: where the job's certificate is. The operator checks the
+/// workers' certificate against the CA it was installed with (the chart's
+/// `workerTls.caConfigMap`), so it reads no Secret of the job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerTls {
+    /// A Secret in the job's namespace with `tls.crt`, `tls.key` and
+    /// `ca.crt`, as cert-manager writes it, mounted into every worker. The
+    /// certificate must carry the DNS name `<job>-workers.<namespace>.svc`
+    /// and allow server and client authentication (or name no extended key
+    /// usage at all); `ca.crt` is the CA the workers check each other's
+    /// certificate against.
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"))]
+    pub secret_name: String,
 }
 
 /// The most savepoints `spec.savepoints.maxCount` may keep.

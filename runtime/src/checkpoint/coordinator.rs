@@ -54,7 +54,7 @@ pub struct CoordinatorConfig {
     pub job: String,
     pub run_id: String,
     /// What a worker proves it holds in its handshake (`worker::handshake`).
-    pub run_key: ring::hmac::Key,
+    pub run_key: crate::worker::handshake::RunKey,
     pub parallelism: u32,
     pub max_parallelism: u32,
     pub stages: usize,
@@ -243,25 +243,29 @@ fn shared_files(meta: &CheckpointMetadata) -> std::collections::HashSet<String> 
     meta.operators.values().flatten().flat_map(|s| s.shared.iter().map(|f| f.name.clone())).collect()
 }
 
-async fn accept_workers(listener: TcpListener, run_id: String, run_key: ring::hmac::Key, restored_from: Option<String>, events: mpsc::UnboundedSender<Event>) {
+async fn accept_workers(listener: TcpListener, run_id: String, run_key: crate::worker::handshake::RunKey, restored_from: Option<String>, events: mpsc::UnboundedSender<Event>) {
     loop {
-        let Ok((mut stream, peer)) = listener.accept().await else { continue };
+        let Ok((stream, peer)) = listener.accept().await else { continue };
+        let _ = stream.set_nodelay(true);
         let events = events.clone();
         let run_id = run_id.clone();
         let run_key = run_key.clone();
         let restored_from = restored_from.clone();
         tokio::spawn(async move {
             let peer = peer.to_string();
-            let hello = crate::worker::handshake::accept(&mut stream, &run_key, &peer).await.and_then(|body| {
-                serde_json::from_slice::<ToCoordinator>(&body).map_err(|e| Error::Protocol { peer: peer.clone(), message: format!("bad hello: {e}") })
+            let accepted = crate::worker::handshake::accept(stream, &run_key, &peer).await.and_then(|(link, body)| {
+                let hello = serde_json::from_slice::<ToCoordinator>(&body).map_err(|e| Error::Protocol { peer: peer.clone(), message: format!("bad hello: {e}") })?;
+                Ok((framed(link), hello))
             });
-            let conn = framed(stream);
-            let worker = match hello {
+            let (conn, hello) = match accepted {
+                Ok(accepted) => accepted,
                 Err(e) => {
                     tracing::warn!(%peer, error = %e, "ignoring a connection to the coordinator");
                     return;
                 }
-                Ok(ToCoordinator::Hello { worker, run_id: r, restored_from: theirs }) if r == run_id => {
+            };
+            let worker = match hello {
+                ToCoordinator::Hello { worker, run_id: r, restored_from: theirs } if r == run_id => {
                     // Workers resolve `--restore latest` each on their own; if the
                     // latest pointer moved in between, they would disagree.
                     if theirs != restored_from {
@@ -275,11 +279,11 @@ async fn accept_workers(listener: TcpListener, run_id: String, run_key: ring::hm
                     }
                     worker
                 }
-                Ok(ToCoordinator::Hello { .. }) => {
+                ToCoordinator::Hello { .. } => {
                     tracing::warn!(%peer, "ignoring a worker of another run of this job");
                     return;
                 }
-                Ok(other) => {
+                other => {
                     tracing::warn!(%peer, "ignoring a connection that began with {other:?} instead of a hello");
                     return;
                 }

@@ -392,3 +392,8 @@ pub fn router(control: Control) -> Router {
 pub async fn serve(listener: tokio::net::TcpListener, control: Control) -> Result<()> {
     axum::serve(listener, router(control)).await.map_err(Error::io("control endpoint"))
 }
+
+/// Serves the endpoint over TLS (`weir worker --tls-dir`) until the process ends.
+pub async fn serve_tls(listener: crate::worker::tls::ControlListener, control: Control) -> Result<()> {
+    axum::serve(listener, router(control)).await.map_err(Error::io("control endpoint"))
+}

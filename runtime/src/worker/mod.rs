@@ -25,6 +25,7 @@ pub(crate) mod start_positions;
 mod start;
 pub mod subtask;
 mod subtask_positions;
+pub mod tls;
 mod wiring;
 
 use std::collections::{HashMap, HashSet};
@@ -73,6 +74,9 @@ pub struct WorkerConfig {
     /// The name the sinks' writes carry outside weir (`weir worker
     /// --job-id`); the pipeline's name when unset.
     pub job_id: Option<String>,
+    /// TLS on the run's connections and the control endpoint (`weir worker
+    /// --tls-dir`); plain TCP when unset.
+    pub tls: Option<Arc<tls::JobTls>>,
 }
 
 const CONNECT_WITHIN: Duration = Duration::from_secs(30);
@@ -119,7 +123,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
         let ccfg = CoordinatorConfig {
             job: spec.name.clone(),
             run_id: cluster.run_id.clone(),
-            run_key: handshake::run_key(&cfg.token, &cluster.run_id),
+            run_key: handshake::run_key(&cfg.token, &cluster.run_id).with_tls(cfg.tls.clone()),
             parallelism: p,
             max_parallelism: max_p,
             stages: plan.stage_count(),
@@ -144,7 +148,7 @@ async fn run_job(cfg: &WorkerConfig, cluster: &Cluster, control: Control) -> Res
     // The coordinator connection: a writer fed by a channel, and a reader
     // that dispatches triggers to sources and notifications to sinks.
     let coordinator_peer = cluster.coordinator.to_string();
-    let run_key = handshake::run_key(&cfg.token, &cluster.run_id);
+    let run_key = handshake::run_key(&cfg.token, &cluster.run_id).with_tls(cfg.tls.clone());
     let hello = ToCoordinator::Hello { worker: index, run_id: cluster.run_id.clone(), restored_from };
     let conn = protocol::join_coordinator(cluster.coordinator, &run_key, &hello, CONNECT_WITHIN).await?;
     let (mut conn_tx, mut conn_rx) = conn.split::<bytes::Bytes>();

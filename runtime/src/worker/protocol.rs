@@ -106,10 +106,9 @@ pub fn silence(worker: u32, addr: &str) -> String {
     weir_api::control::silence_message(worker, addr, heartbeat_timeout().as_secs_f64())
 }
 
-pub type ControlStream = Framed<TcpStream, tokio_util::codec::LengthDelimitedCodec>;
+pub type ControlStream = Framed<super::tls::Link, tokio_util::codec::LengthDelimitedCodec>;
 
-pub fn framed(stream: TcpStream) -> ControlStream {
-    let _ = stream.set_nodelay(true);
+pub fn framed(stream: super::tls::Link) -> ControlStream {
     Framed::new(stream, codec())
 }
 
@@ -131,12 +130,12 @@ pub async fn recv<T: for<'de> Deserialize<'de>>(conn: &mut ControlStream, peer: 
 
 /// Connects to the coordinator at `addr` as a process of the run that
 /// `key` belongs to (see `handshake`), and says hello.
-pub async fn join_coordinator(addr: SocketAddr, key: &ring::hmac::Key, hello: &ToCoordinator, within: std::time::Duration) -> Result<ControlStream> {
+pub async fn join_coordinator(addr: SocketAddr, key: &super::handshake::RunKey, hello: &ToCoordinator, within: std::time::Duration) -> Result<ControlStream> {
     let peer = addr.to_string();
-    let mut stream = connect(addr, within).await?;
+    let stream = connect(addr, within).await?;
     let body = serde_json::to_vec(hello).map_err(|e| Error::Protocol { peer: peer.clone(), message: e.to_string() })?;
-    super::handshake::offer(&mut stream, key, &body, &peer).await?;
-    Ok(framed(stream))
+    let link = super::handshake::offer(stream, key, &body, &peer).await?;
+    Ok(framed(link))
 }
 
 /// Connects, retrying while the peer is starting.

@@ -46,7 +46,8 @@ pub async fn run(cfg: WorkerConfig) -> Result<()> {
         Placement::Local(cluster) => {
             control.offer_membership(cluster.clone()).map_err(|r| Error::Job(format!("--cluster: {}", r.message)))?;
             if cfg.index == 0 {
-                spawn_control(bind(cluster.api).await?, control.clone());
+                // The local supervisor speaks plain HTTP over loopback.
+                spawn_control(bind(cluster.api).await?, control.clone(), None)?;
             }
             cluster.clone()
         }
@@ -54,8 +55,9 @@ pub async fn run(cfg: WorkerConfig) -> Result<()> {
             if let Some(run_id) = run_id {
                 control.expect_run(run_id.clone());
             }
-            spawn_control(bind(*control_addr).await?, control.clone());
-            tracing::info!(worker = cfg.index, addr = %control_addr, "control endpoint up; waiting for the membership (PUT /v1/membership)");
+            spawn_control(bind(*control_addr).await?, control.clone(), cfg.tls.as_ref().map(|t| t.control()))?;
+            let scheme = if cfg.tls.is_some() { "https" } else { "http" };
+            tracing::info!(worker = cfg.index, addr = %control_addr, scheme, "control endpoint up; waiting for the membership (PUT /v1/membership)");
             let m = tokio::time::timeout(*membership_timeout, control.membership()).await.map_err(|_| {
                 Error::Job(format!(
                     "no membership arrived within {}: the operator sends it with PUT /v1/membership to {control_addr} once every worker pod has an IP",
@@ -106,12 +108,20 @@ pub fn at_most_once_refuses(path: &str) -> Error {
     }
 }
 
-fn spawn_control(listener: TcpListener, control: Control) {
+fn spawn_control(listener: TcpListener, control: Control, tls: Option<std::sync::Arc<rustls::ServerConfig>>) -> Result<()> {
+    let serving = match tls {
+        None => futures::future::Either::Left(control::serve(listener, control)),
+        Some(config) => {
+            let listener = super::tls::ControlListener::new(listener, config).map_err(Error::io("the control endpoint's listener"))?;
+            futures::future::Either::Right(control::serve_tls(listener, control))
+        }
+    };
     tokio::spawn(async move {
-        if let Err(e) = control::serve(listener, control).await {
+        if let Err(e) = serving.await {
             tracing::error!(error = %e, "the control endpoint stopped");
         }
     });
+    Ok(())
 }
 
 fn humane(d: Duration) -> String {

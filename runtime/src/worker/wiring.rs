@@ -90,7 +90,7 @@ pub(super) struct Connecting<'a> {
     pub plan: &'a JobPlan,
     pub cluster: &'a Cluster,
     pub worker: u32,
-    pub run_key: &'a ring::hmac::Key,
+    pub run_key: &'a handshake::RunKey,
     pub within: Duration,
     /// Why a connection's writer gave up, when it was not the network: a
     /// record it cannot encode fails the worker with that error, not with
@@ -158,7 +158,7 @@ impl Connecting<'_> {
         schema: &SchemaRef,
     ) -> Result<mpsc::Sender<Message>> {
         let addr = self.cluster.workers[self.cluster.worker_of(to) as usize];
-        let mut stream = protocol::connect(addr, self.within).await?;
+        let stream = protocol::connect(addr, self.within).await?;
         let hello = Hello {
             run_id: self.cluster.run_id.clone(),
             stage,
@@ -166,8 +166,8 @@ impl Connecting<'_> {
             from,
             to,
         };
-        handshake::offer(
-            &mut stream,
+        let stream = handshake::offer(
+            stream,
             self.run_key,
             &encode_hello(&hello),
             &addr.to_string(),
@@ -227,7 +227,7 @@ pub(super) fn input_schemas(plan: &JobPlan) -> HashMap<(usize, usize), SchemaRef
 pub(super) async fn accept_data(
     listener: TcpListener,
     run_id: String,
-    run_key: ring::hmac::Key,
+    run_key: handshake::RunKey,
     routes: Routes,
     input_schemas: HashMap<(usize, usize), SchemaRef>,
     accepted: mpsc::UnboundedSender<Result<()>>,
@@ -235,7 +235,7 @@ pub(super) async fn accept_data(
     let input_schemas = Arc::new(input_schemas);
     let routes = Arc::new(Mutex::new(routes));
     loop {
-        let Ok((mut stream, peer)) = listener.accept().await else {
+        let Ok((stream, peer)) = listener.accept().await else {
             continue;
         };
         let _ = stream.set_nodelay(true);
@@ -248,9 +248,9 @@ pub(super) async fn accept_data(
             let peer = peer.to_string();
             // Proved before the channel is looked at: a stranger must not be
             // able to fail the run by naming a channel that does not exist.
-            let hello = match handshake::accept(&mut stream, &run_key, &peer)
+            let (stream, hello) = match handshake::accept(stream, &run_key, &peer)
                 .await
-                .and_then(|body| decode_hello(&peer, &body))
+                .and_then(|(link, body)| Ok((link, decode_hello(&peer, &body)?)))
             {
                 Ok(h) => h,
                 Err(e) => {

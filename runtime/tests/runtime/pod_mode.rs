@@ -18,6 +18,8 @@ struct Pods {
     ips: Vec<IpAddr>,
     children: Vec<Option<Child>>,
     logs: Vec<std::path::PathBuf>,
+    /// With `--tls-dir`: how the operator calls them (HTTPS, the CA and name).
+    tls: Option<ControlTls>,
 }
 
 impl Pods {
@@ -55,7 +57,11 @@ impl Pods {
             children.push(Some(child));
             logs.push(log);
         }
-        let pods = Pods { ips, children, logs };
+        let tls = extra.iter().position(|a| *a == "--tls-dir").map(|i| {
+            let name = extra.iter().position(|a| *a == "--tls-server-name").map(|n| extra[n + 1]).expect("--tls-server-name with --tls-dir");
+            ControlTls::new(&job.dir.path().join(extra[i + 1]).join("ca.crt"), name)
+        });
+        let pods = Pods { ips, children, logs, tls };
         for i in 0..pods.ips.len() {
             pods.wait_healthy(i);
         }
@@ -66,13 +72,21 @@ impl Pods {
         SocketAddr::new(self.ips[i], CONTROL_PORT)
     }
 
+    /// One request to worker `i`'s control endpoint, as the operator makes it.
+    fn http(&self, i: usize, method: &str, path: &str, body: Option<&str>) -> Option<(u16, String)> {
+        match &self.tls {
+            None => http(self.control(i), method, path, body),
+            Some(tls) => tls.call(self.control(i), method, path, body),
+        }
+    }
+
     fn logs(&self) -> String {
         self.logs.iter().map(|l| format!("--- {}\n{}", l.display(), std::fs::read_to_string(l).unwrap_or_default())).collect()
     }
 
     fn wait_healthy(&self, i: usize) {
         let start = Instant::now();
-        while http(self.control(i), "GET", "/healthz", None).map(|(c, _)| c) != Some(200) {
+        while self.http(i, "GET", "/healthz", None).map(|(c, _)| c) != Some(200) {
             assert!(start.elapsed() < Duration::from_secs(15), "worker {i} never became healthy:\n{}", self.logs());
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -86,13 +100,13 @@ impl Pods {
     fn put_membership(&self, run_id: &str) {
         let body = serde_json::to_string(&self.membership(run_id)).unwrap();
         for i in 0..self.ips.len() {
-            let (code, answer) = http(self.control(i), "PUT", "/v1/membership", Some(&body)).unwrap();
+            let (code, answer) = self.http(i, "PUT", "/v1/membership", Some(&body)).unwrap();
             assert_eq!(code, 200, "membership of worker {i}: {answer}");
         }
     }
 
     fn status(&self, i: usize) -> JobStatus {
-        let (code, body) = http(self.control(i), "GET", "/v1/status", None).expect("status");
+        let (code, body) = self.http(i, "GET", "/v1/status", None).expect("status");
         assert_eq!(code, 200, "{body}");
         serde_json::from_str(&body).unwrap()
     }
@@ -127,17 +141,17 @@ impl Pods {
     /// Takes a savepoint through the asynchronous API and returns its location.
     fn savepoint(&self, request_id: &str, stop: bool) -> String {
         let body = format!("{{\"request_id\": \"{request_id}\", \"stop\": {stop}}}");
-        let (code, answer) = http(self.control(0), "POST", "/v1/savepoints", Some(&body)).unwrap();
+        let (code, answer) = self.http(0, "POST", "/v1/savepoints", Some(&body)).unwrap();
         assert_eq!(code, 202, "{answer}");
         let start = Instant::now();
         loop {
-            let (code, answer) = http(self.control(0), "GET", &format!("/v1/savepoints/{request_id}"), None).unwrap();
+            let (code, answer) = self.http(0, "GET", &format!("/v1/savepoints/{request_id}"), None).unwrap();
             assert_eq!(code, 200, "{answer}");
             let o: SavepointOutcome = serde_json::from_str(&answer).unwrap();
             match o.state {
                 SavepointState::Completed => {
                     // Asking again returns the same savepoint instead of taking another.
-                    let (code, again) = http(self.control(0), "POST", "/v1/savepoints", Some(&body)).unwrap();
+                    let (code, again) = self.http(0, "POST", "/v1/savepoints", Some(&body)).unwrap();
                     assert_eq!(code, 202);
                     assert_eq!(serde_json::from_str::<SavepointOutcome>(&again).unwrap(), o);
                     return o.savepoint.expect("a completed savepoint has a location").location;
@@ -203,6 +217,67 @@ impl Drop for Pods {
             let _ = child.wait();
         }
     }
+}
+
+/// The operator's side of a control endpoint with TLS: the job's CA and
+/// the name its certificate carries.
+struct ControlTls {
+    connector: tokio_rustls::TlsConnector,
+    name: rustls::pki_types::ServerName<'static>,
+}
+
+impl ControlTls {
+    fn new(ca: &std::path::Path, name: &str) -> ControlTls {
+        use rustls::pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls::pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
+            roots.add(cert.unwrap()).unwrap();
+        }
+        let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        ControlTls { connector: tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)), name: rustls::pki_types::ServerName::try_from(name.to_string()).unwrap() }
+    }
+
+    /// One HTTPS request; `None` when no TLS connection came about.
+    fn call(&self, addr: SocketAddr, method: &str, path: &str, body: Option<&str>) -> Option<(u16, String)> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
+            let mut s = tokio::time::timeout(Duration::from_secs(5), self.connector.connect(self.name.clone(), tcp)).await.ok()?.ok()?;
+            let body = body.unwrap_or_default();
+            let head = format!(
+                "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            s.write_all(head.as_bytes()).await.ok()?;
+            s.flush().await.ok()?;
+            let mut answer = Vec::new();
+            // A TLS peer that closes without close_notify is still an answer.
+            let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut answer)).await;
+            let text = String::from_utf8_lossy(&answer).into_owned();
+            let (head, body) = text.split_once("\r\n\r\n")?;
+            let code = head.split_whitespace().nth(1)?.parse().ok()?;
+            Some((code, body.to_string()))
+        })
+    }
+}
+
+/// A CA and a certificate it signed for `name` (server and client
+/// authentication), written to `dir` as cert-manager lays out a Secret.
+fn tls_dir(dir: &std::path::Path, name: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl").args(args).current_dir(dir).output().unwrap();
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    run(&["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=weir test CA"]);
+    std::fs::write(dir.join("ext.cnf"), format!("subjectAltName=DNS:{name}\nextendedKeyUsage=serverAuth,clientAuth\n")).unwrap();
+    run(&["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "tls.key", "-out", "tls.csr", "-subj", "/CN=weir"]);
+    run(&["x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", "tls.crt", "-days", "2", "-extfile", "ext.cnf"]);
 }
 
 /// One request with the runtime's own client.
@@ -357,6 +432,7 @@ fn a_stranger_on_the_data_and_coordinator_ports_is_turned_away_and_the_run_goes_
     use weir_runtime::exchange::frame::{encode_hello, Hello};
     use weir_runtime::worker::handshake::{offer, run_key};
     use weir_runtime::worker::protocol::ToCoordinator;
+    use weir_runtime::worker::tls::Link;
     // 10 s of events: the job still runs when the strangers are done.
     let job = Job::counting(2, 200_000, 17, 20_000, "100ms");
     let mut pods = Pods::start(&job, 12, "stranger-run", &[]);
@@ -369,10 +445,9 @@ fn a_stranger_on_the_data_and_coordinator_ports_is_turned_away_and_the_run_goes_
         for ip in &pods.ips {
             // A channel that does not exist, under another token's key: if it
             // were read, it would fail the run.
-            let mut stream = tokio::net::TcpStream::connect((*ip, DATA_PORT)).await.unwrap();
+            let stream = tokio::net::TcpStream::connect((*ip, DATA_PORT)).await.unwrap();
             let hello = Hello { run_id: "stranger-run".into(), stage: 7, input: 0, from: 9, to: 9 };
-            offer(&mut stream, &run_key("not-the-token", "stranger-run"), &encode_hello(&hello), "w").await.unwrap();
-            held.push(stream);
+            held.push(offer(stream, &run_key("not-the-token", "stranger-run"), &encode_hello(&hello), "w").await.unwrap());
             // Junk: a frame length of 256 MiB, then as many bytes as the
             // worker takes within a second.
             let mut stream = tokio::net::TcpStream::connect((*ip, DATA_PORT)).await.unwrap();
@@ -387,11 +462,11 @@ fn a_stranger_on_the_data_and_coordinator_ports_is_turned_away_and_the_run_goes_
                 }
             }
             // Silence: the worker drops it after its handshake timeout.
-            held.push(tokio::net::TcpStream::connect((*ip, DATA_PORT)).await.unwrap());
+            held.push(Link::Left(tokio::net::TcpStream::connect((*ip, DATA_PORT)).await.unwrap()));
         }
-        let mut stream = tokio::net::TcpStream::connect((pods.ips[0], COORDINATOR_PORT)).await.unwrap();
+        let stream = tokio::net::TcpStream::connect((pods.ips[0], COORDINATOR_PORT)).await.unwrap();
         let hello = ToCoordinator::Hello { worker: 1, run_id: "stranger-run".into(), restored_from: None };
-        offer(&mut stream, &run_key("not-the-token", "stranger-run"), &serde_json::to_vec(&hello).unwrap(), "c").await.unwrap();
+        let mut stream = offer(stream, &run_key("not-the-token", "stranger-run"), &serde_json::to_vec(&hello).unwrap(), "c").await.unwrap();
         // The coordinator hangs up: it reads nothing more from a stranger.
         let mut rest = Vec::new();
         let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut rest)).await;
@@ -529,4 +604,78 @@ fn pod_mode_refuses_to_start_without_a_token_and_gives_up_without_a_membership()
         .unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(stderr(&out).contains("no membership arrived within 300ms"), "{}", stderr(&out));
+}
+
+/// `--tls-dir`, as the operator starts a job with `spec.tls`: the control
+/// endpoint answers only HTTPS, the data and coordinator ports only mutual
+/// TLS with a certificate of the job's CA (a process that holds the token
+/// but no certificate, or one of another CA, is turned away), and a lost
+/// worker is restored by a new set over TLS, exactly once.
+#[test]
+fn with_tls_only_the_jobs_certificate_gets_in_and_a_lost_worker_is_restored_exactly_once() {
+    use weir_api::control::{COORDINATOR_PORT, DATA_PORT};
+    use weir_runtime::worker::handshake::{offer, run_key};
+    use weir_runtime::worker::tls::JobTls;
+    // 20 s of events: the refusals below take some 10 s (a plain peer is
+    // dropped after the handshake timeout), and the job must still run after.
+    let job = Job::counting(2, 400_000, 23, 20_000, "100ms");
+    let name = "eo-test-workers.jobs.svc";
+    tls_dir(&job.path("tls"), name);
+    tls_dir(&job.path("other-ca"), name);
+    let tls_args = ["--tls-dir", "tls", "--tls-server-name", name];
+    let mut first = Pods::start(&job, 14, "tls-run-a", &tls_args);
+    // Plain HTTP gets no answer from a TLS control endpoint.
+    assert_ne!(http(first.control(0), "GET", "/healthz", None).map(|(c, _)| c), Some(200));
+    first.put_membership("tls-run-a");
+    first.wait_running(10_000);
+
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let key = run_key(TOKEN, "tls-run-a");
+        for port in [DATA_PORT, COORDINATOR_PORT] {
+            // The token without TLS: no challenge comes, the worker waits for a TLS hello.
+            let stream = tokio::net::TcpStream::connect((first.ips[0], port)).await.unwrap();
+            assert!(offer(stream, &key, b"{}", "t").await.is_err(), "port {port} let in a plain connection");
+            // The token and a certificate of another CA, for the right name.
+            let mixed = job.path("mixed");
+            std::fs::create_dir_all(&mixed).unwrap();
+            for f in ["tls.crt", "tls.key"] {
+                std::fs::copy(job.path("other-ca").join(f), mixed.join(f)).unwrap();
+            }
+            std::fs::copy(job.path("tls/ca.crt"), mixed.join("ca.crt")).unwrap();
+            let stranger = std::sync::Arc::new(JobTls::load(&mixed, name).unwrap());
+            let stream = tokio::net::TcpStream::connect((first.ips[0], port)).await.unwrap();
+            let refused = match offer(stream, &key.clone().with_tls(Some(stranger)), b"{}", "t").await {
+                Err(_) => true,
+                // TLS 1.3: the client may finish before the server refuses its certificate; then nothing follows.
+                Ok(mut link) => {
+                    use tokio::io::AsyncReadExt;
+                    let mut rest = Vec::new();
+                    matches!(tokio::time::timeout(Duration::from_secs(5), link.read_to_end(&mut rest)).await, Ok(Err(_)) | Ok(Ok(0)))
+                }
+            };
+            assert!(refused, "port {port} let in a certificate of another CA");
+        }
+    });
+
+    // Lose worker 1 after a checkpoint: a new set restores latest, over TLS.
+    let after = first.status(0).checkpoints_completed;
+    let start = Instant::now();
+    while first.status(0).checkpoints_completed <= after {
+        assert!(start.elapsed() < Duration::from_secs(20), "no checkpoint completed:\n{}", first.logs());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    first.kill(1);
+    let survivor = first.wait(0, Duration::from_secs(30));
+    assert_eq!(survivor.code(), Some(1), "worker 0 after losing worker 1:\n{}", first.logs());
+    assert!(job.committed_lines().len() < 400_000, "the job finished before the failure; make it longer");
+    let logs = first.logs();
+    assert!(logs.contains("TLS on"), "{logs}");
+    let mut restore_args = vec!["--restore", "latest"];
+    restore_args.extend(tls_args);
+    let mut second = Pods::start(&job, 15, "tls-run-b", &restore_args);
+    second.put_membership("tls-run-b");
+    assert!(second.status_of_run(0, "tls-run-b").restored_from.is_some());
+    second.wait_finished();
+    job.assert_exactly_once();
 }

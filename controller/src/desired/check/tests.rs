@@ -141,3 +141,14 @@ fn a_name_that_cannot_name_the_jobs_service_is_refused() {
     job.metadata.name = Some("a".repeat(55));
     assert_eq!(checked(&job), Ok(()));
 }
+
+#[test]
+fn a_job_with_tls_is_refused_while_the_operator_trusts_no_worker_ca() {
+    let job = JobBuilder::new("j").spec(|s| s.tls = Some(weir_api::streamjob::WorkerTls { secret_name: "j-tls".into() })).build();
+    let r = refused(&job);
+    assert_eq!(r.reason, "NoWorkerCA");
+    assert!(r.message.contains("spec.tls") && r.message.contains("workerTls.caConfigMap"), "{}", r.message);
+    let pipeline = job.spec.validate().unwrap();
+    let trusting = WorkerSettings { worker_ca: true, ..WorkerSettings::default() };
+    assert_eq!(check(&job, &[pipeline.sink.as_ref().unwrap()], &trusting), Ok(()));
+}

@@ -1058,6 +1058,23 @@ fn a_job_without_an_image_starts_once_the_operator_has_a_default() {
     assert!(d.notes.iter().any(|n| n.message.contains("the operator now has a worker image")), "{:?}", d.notes);
 }
 
+#[test]
+fn a_job_with_tls_starts_once_the_operator_trusts_a_worker_ca() {
+    let mut w = World::new(JobBuilder::new("j").spec(|s| s.tls = Some(weir_api::streamjob::WorkerTls { secret_name: "j-tls".into() })).build());
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Failed));
+    assert!(d.effects.is_empty(), "nothing is created");
+    assert_eq!(condition(&d, "Degraded").1, "NoWorkerCA");
+    assert!(d.status.message.unwrap().contains("workerTls.caConfigMap"));
+    w.step();
+    assert_eq!(w.phase(), Some(Phase::Failed), "still no CA");
+    // The operator restarted with --worker-ca-file; the spec is unchanged.
+    w.settings.worker_ca = true;
+    let d = w.step();
+    assert_eq!(w.phase(), Some(Phase::Deploying));
+    assert!(d.notes.iter().any(|n| n.message.contains("now trusts a CA")), "{:?}", d.notes);
+}
+
 /// What the reconciler records when the API server refuses the run's pods.
 fn refused_by_pod_security(w: &World) -> Rejection {
     Rejection {
@@ -1287,6 +1304,24 @@ fn a_run_whose_coordinator_stops_answering_the_operator_is_restored_without_wait
     }
     let waited = Duration::try_from(started.expect("no new run").duration_since(lost_at)).unwrap();
     assert!(waited < COORDINATOR_SILENCE_LIMIT + Duration::from_secs(4), "the new run started {waited:?} after the coordinator went silent");
+}
+
+/// A run of a job with spec.tls whose workers show a certificate the
+/// operator refuses (not for the job's name, or of another CA): status says
+/// what the certificate must be, not "a network rule".
+#[test]
+fn a_run_whose_certificate_the_operator_refuses_says_what_the_certificate_must_be() {
+    use super::running::COORDINATOR_SILENCE_LIMIT;
+    let mut w = World::running(JobBuilder::new("j").build());
+    w.coordinator = None;
+    w.coordinator_error = Some("worker control endpoint at 127.0.1.1:6120: error sending request for url (https://127.0.1.1:6120/v1/status): client error (Connect): invalid peer certificate: NotValidForName".into());
+    w.step();
+    w.advance(COORDINATOR_SILENCE_LIMIT + Duration::from_secs(1));
+    let d = w.step();
+    let failure = d.status.last_failure.as_ref().expect("a failure");
+    assert_eq!(failure.reason, "CoordinatorUnreachable");
+    assert!(failure.message.contains("refused the certificate of worker 0") && failure.message.contains("<job>-workers.<namespace>.svc"), "{}", failure.message);
+    assert!(!failure.message.contains("network rule"), "{}", failure.message);
 }
 
 /// A run whose workers refuse the operator's token (started by an operator
