@@ -16,7 +16,9 @@
 //! `weir-bench checkpoint-cost` checkpoints of a million keys (see
 //! `checkpoint_cost.rs`); `weir-bench backpressure` aligned vs unaligned
 //! checkpoints under backpressure (see `backpressure.rs`); `weir-bench
-//! joins` the interval, window and regular joins (see `joins.rs`).
+//! joins` the interval, window and regular joins (see `joins.rs`);
+//! `weir-bench tls` two pod-mode workers over plain TCP and with `spec.tls`'s
+//! mutual TLS (see `tls.rs`).
 
 mod backpressure;
 mod checkpoint_cost;
@@ -26,6 +28,7 @@ mod operator;
 mod kafka;
 mod sinks;
 mod storage;
+mod tls;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -230,6 +233,13 @@ fn main() -> Result<()> {
             None => Ok(()),
         };
     }
+    if args.peek().map(String::as_str) == Some("tls") {
+        args.next();
+        return match tls::parse(args)? {
+            Some(o) => tls::run(&o),
+            None => Ok(()),
+        };
+    }
     if args.peek().map(String::as_str) == Some("storage") {
         args.next();
         return match storage::parse(args)? {
@@ -246,7 +256,7 @@ fn main() -> Result<()> {
             "recovery" => mode_recovery = true,
             "--interval" => interval = args.next().context("--interval DURATION")?,
             "-h" | "--help" => {
-                println!("weir-bench: throughput of generator -> key_by -> running_count -> blackhole\nweir-bench recovery: time from a worker kill to the restored run's first completed checkpoint\nweir-bench operator: the operator's memory and reconcile latency with many StreamJobs (see weir-bench operator --help)\nweir-bench storage: checkpoints to local disk vs. S3 (MinIO), side by side (see weir-bench storage --help)\nweir-bench sinks: the exactly-once sinks side by side: file, PostgreSQL in each mode, Kafka (see weir-bench sinks --help)\nweir-bench kafka-flink: Kafka → key_by → count → exactly-once Kafka, weir beside Apache Flink on one broker (see weir-bench kafka-flink --help)\nweir-bench checkpoint-cost: checkpoint duration and size with a million keys, throughput with checkpoints every second vs none (see weir-bench checkpoint-cost --help)\nweir-bench backpressure: checkpoint duration aligned vs unaligned, with and without backpressure (see weir-bench backpressure --help)\nweir-bench joins: interval, window and regular joins, records per second and state size, checkpoints every second vs off (see weir-bench joins --help)\n\nOptions:\n  --interval D     checkpoint interval for `recovery` (default 500ms); --rounds is the number of kills\n  --events N       events per run (default 20000000)\n  --rounds R       runs per configuration; medians are reported (default 3)\n  --batch-size N   generator batch size (default 1024)\n  --weir PATH      the weir binary (default: $CARGO_TARGET_DIR/release/weir)");
+                println!("weir-bench: throughput of generator -> key_by -> running_count -> blackhole\nweir-bench recovery: time from a worker kill to the restored run's first completed checkpoint\nweir-bench operator: the operator's memory and reconcile latency with many StreamJobs (see weir-bench operator --help)\nweir-bench storage: checkpoints to local disk vs. S3 (MinIO), side by side (see weir-bench storage --help)\nweir-bench sinks: the exactly-once sinks side by side: file, PostgreSQL in each mode, Kafka (see weir-bench sinks --help)\nweir-bench kafka-flink: Kafka → key_by → count → exactly-once Kafka, weir beside Apache Flink on one broker (see weir-bench kafka-flink --help)\nweir-bench checkpoint-cost: checkpoint duration and size with a million keys, throughput with checkpoints every second vs none (see weir-bench checkpoint-cost --help)\nweir-bench backpressure: checkpoint duration aligned vs unaligned, with and without backpressure (see weir-bench backpressure --help)\nweir-bench joins: interval, window and regular joins, records per second and state size, checkpoints every second vs off (see weir-bench joins --help)\nweir-bench tls: two pod-mode workers over plain TCP and with spec.tls's mutual TLS, side by side (see weir-bench tls --help)\n\nOptions:\n  --interval D     checkpoint interval for `recovery` (default 500ms); --rounds is the number of kills\n  --events N       events per run (default 20000000)\n  --rounds R       runs per configuration; medians are reported (default 3)\n  --batch-size N   generator batch size (default 1024)\n  --weir PATH      the weir binary (default: $CARGO_TARGET_DIR/release/weir)");
                 return Ok(());
             }
             other => bail!("unknown argument {other}; see --help"),
